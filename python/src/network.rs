@@ -95,25 +95,43 @@ impl Column {
     }
 }
 
-/// Samples held in memory: one row of `inputs` and one of `labels` per sample, each of its
-/// column's dtype and per-sample shape.
+/// The most columns a data set given to [`train_network`] may have (each one a graph input).
+pub const MAX_COLUMNS: usize = 1024;
+
+/// One column of a [`NumpyDataset`]: its elements, the shape of one sample and its name (for
+/// errors).
+#[derive(Debug)]
+struct NumpyColumn {
+    data: Column,
+    shape: Vec<usize>,
+    name: String,
+}
+
+/// Samples held in memory: one row of every column per sample (MindSpore's dataset columns,
+/// fed positionally to the network), each of its column's dtype and per-sample shape. Column 0
+/// is the [`Dataset`]'s input and column 1 (if any) its label.
 #[derive(Debug)]
 pub struct NumpyDataset {
-    inputs: Column,
-    sample_shape: Vec<usize>,
-    labels: Column,
-    label_shape: Vec<usize>,
+    columns: Vec<NumpyColumn>,
     samples: usize,
 }
 
 impl NumpyDataset {
-    fn check(&self, indices: &[usize]) -> Result<(), RuntimeError> {
+    fn check(&self, column: &NumpyColumn, indices: &[usize]) -> Result<(), RuntimeError> {
         match indices.iter().find(|&&i| i >= self.samples) {
             Some(i) => Err(RuntimeError::Config {
-                key: "dataset".to_string(),
+                key: format!("dataset column {}", column.name),
                 reason: format!("sample {i} is past the end ({} samples)", self.samples),
             }),
             None => Ok(()),
+        }
+    }
+
+    fn spec(&self, j: usize) -> SampleSpec {
+        let c = &self.columns[j.min(self.columns.len() - 1)];
+        SampleSpec {
+            shape: c.shape.clone(),
+            dtype: c.data.dtype(),
         }
     }
 }
@@ -124,27 +142,40 @@ impl Dataset for NumpyDataset {
     }
 
     fn input_spec(&self) -> SampleSpec {
-        SampleSpec {
-            shape: self.sample_shape.clone(),
-            dtype: self.inputs.dtype(),
-        }
+        self.spec(0)
     }
 
     fn label_spec(&self) -> SampleSpec {
-        SampleSpec {
-            shape: self.label_shape.clone(),
-            dtype: self.labels.dtype(),
-        }
+        self.spec(1)
     }
 
     fn read_inputs(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
-        self.check(indices)?;
-        self.inputs.rows(indices, &self.sample_shape)
+        self.read_column(0, indices)
     }
 
     fn read_labels(&self, indices: &[usize]) -> Result<Tensor, RuntimeError> {
-        self.check(indices)?;
-        self.labels.rows(indices, &self.label_shape)
+        self.read_column(1, indices)
+    }
+
+    fn columns(&self) -> usize {
+        self.columns.len()
+    }
+
+    fn column_spec(&self, column: usize) -> Option<SampleSpec> {
+        (column < self.columns.len()).then(|| self.spec(column))
+    }
+
+    fn read_column(&self, column: usize, indices: &[usize]) -> Result<Tensor, RuntimeError> {
+        let c = self
+            .columns
+            .get(column)
+            .ok_or_else(|| RuntimeError::Mismatch {
+                what: format!("column {column} of the data set"),
+                expected: format!("a column below {}", self.columns.len()),
+                got: format!("column {column}"),
+            })?;
+        self.check(c, indices)?;
+        c.data.rows(indices, &c.shape)
     }
 }
 
@@ -179,85 +210,118 @@ impl Callback for PyStepCallback {
         }
     }
 }
-/// Trains the network traced into `builder` (its values `input`, `labels`, `logits`, `loss`)
-/// on `inputs` (f32 or i32, `[samples, ..sample shape]`) and `labels` (i32 or f32, `[samples,
-/// ..label shape]`), in batches
-/// of `batch_size` samples (default: the input's first dim; the graph's input is one
-/// micro-batch of it), with `config`: a JSON document of the `[parallel]`, `[train]` and
-/// `[output]` sections a config file holds (docs/CONFIG.md; `Model.train` and `AutoParallel`
-/// write it), read and checked as a file's are ([`TrainConfig::for_network`]). `backend` is
-/// `"local"` (`parallel.devices` ranks as threads of this process) or `"mpi"` (this process is
-/// one rank of the `mpirun` job `tessera.communication.init()` joined). Calls
-/// `callback(epoch, step_in_epoch, global_step, loss, lr)` after every step; returns every step's
-/// loss, the checkpoint set saved last, if any, and the engine's warnings (a setting given that
-/// has no effect, or that the compiled program caps: `TrainConfig::warnings` and
-/// `TrainSession::warnings`, what `tessera train` prints), for the caller to show.
+/// Trains the network traced into `builder` on a data set of columns fed positionally:
+/// `data[j]` (f32 or i32, `[samples, ..sample shape]`; `names[j]` names it in errors) into the
+/// graph input `inputs[j]` (MindSpore's dataset columns given to `construct(c1, ..., ck)`; a
+/// `WithLossCell`'s are the data and the label). The network's loss is the scalar `loss`;
+/// `logits` is the value whose last dim counts the classes (the backbone's output; a loss cell
+/// of one's own passes its loss). Batches of `batch_size` samples (default: the first input's
+/// first dim; the graph's inputs are one micro-batch of it), with `config`: a JSON document of
+/// the `[parallel]`, `[train]` and `[output]` sections a config file holds (docs/CONFIG.md;
+/// `Model.train` and `AutoParallel` write it), read and checked as a file's are
+/// ([`TrainConfig::for_network`]). `backend` is `"local"` (`parallel.devices` ranks as threads
+/// of this process) or `"mpi"` (this process is one rank of the `mpirun` job
+/// `tessera.communication.init()` joined). Calls `callback(epoch, step_in_epoch, global_step,
+/// loss, lr)` after every step; returns every step's loss, the checkpoint set saved last, if
+/// any, and the engine's warnings (a setting given that has no effect, or that the compiled
+/// program caps: `TrainConfig::warnings` and `TrainSession::warnings`, what `tessera train`
+/// prints), for the caller to show. Every graph input must be fed one column (at most
+/// [`MAX_COLUMNS`]), of the shape and dtype it takes.
 #[pyfunction]
 #[pyo3(signature = (
-    builder, input, labels, logits, loss, inputs, label_data, config, *,
-    batch_size=None, shuffle=true, backend="local", callback=None,
+    builder, inputs, logits, loss, data, config, *,
+    names=None, batch_size=None, shuffle=true, backend="local", callback=None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn train_network(
     py: Python<'_>,
     builder: &NetworkBuilder,
-    input: usize,
-    labels: usize,
+    inputs: Vec<usize>,
     logits: usize,
     loss: usize,
-    inputs: &Bound<'_, PyAny>,
-    label_data: &Bound<'_, PyAny>,
+    data: Vec<Bound<'_, PyAny>>,
     config: &str,
+    names: Option<Vec<String>>,
     batch_size: Option<usize>,
     shuffle: bool,
     backend: &str,
     callback: Option<Py<PyAny>>,
 ) -> PyResult<(Vec<f32>, Option<PathBuf>, Vec<String>)> {
     let count = builder.builder.graph().values().len();
-    for (what, id) in [
-        ("input", input),
-        ("labels", labels),
-        ("logits", logits),
-        ("loss", loss),
-    ] {
+    if inputs.is_empty() || inputs.len() > MAX_COLUMNS {
+        return Err(PyValueError::new_err(format!(
+            "inputs: {} graph inputs; a network takes 1 to {MAX_COLUMNS} columns",
+            inputs.len()
+        )));
+    }
+    if data.len() != inputs.len() {
+        return Err(PyValueError::new_err(format!(
+            "data: {} column(s) for {} graph input(s); each input takes one column",
+            data.len(),
+            inputs.len()
+        )));
+    }
+    let names = names.unwrap_or_else(|| (0..inputs.len()).map(|j| format!("column {j}")).collect());
+    if names.len() != inputs.len() {
+        return Err(PyValueError::new_err(format!(
+            "names: {} name(s) for {} column(s)",
+            names.len(),
+            inputs.len()
+        )));
+    }
+    let checked = inputs
+        .iter()
+        .enumerate()
+        .map(|(j, &id)| (format!("inputs[{j}]"), id))
+        .chain([("logits".to_string(), logits), ("loss".to_string(), loss)]);
+    for (what, id) in checked {
         if id >= count {
             return Err(PyValueError::new_err(format!(
                 "{what}: value {id} is not in the traced network ({count} values)"
             )));
         }
     }
-    let (inputs, shape) = Column::from_array(inputs, "inputs")?;
-    let (labels_column, label_full) = Column::from_array(label_data, "labels")?;
-    let (samples, sample_shape) = match shape.split_first() {
-        Some((&n, rest)) => (n, rest.to_vec()),
-        None => return Err(PyValueError::new_err("inputs must have a sample dim")),
-    };
-    if label_full.first() != Some(&samples) {
-        return Err(PyValueError::new_err(format!(
-            "labels have shape {label_full:?}; expected [{samples}, ...], one per input sample"
-        )));
-    }
-    // The arrays must be what the traced graph takes (its first dim is the batch): found here,
-    // before any rank starts, where the runtime would fail its first step with a RuntimeError.
-    let label_shape = label_full[1..].to_vec();
-    for (what, id, column, per_sample) in [
-        ("inputs", input, &inputs, &sample_shape),
-        ("labels", labels, &labels_column, &label_shape),
-    ] {
+    let mut columns = Vec::with_capacity(inputs.len());
+    let mut samples = None;
+    for ((array, name), &id) in data.iter().zip(&names).zip(&inputs) {
+        let (column, full) = Column::from_array(array, &format!("column {name}"))?;
+        let (n, shape) = match full.split_first() {
+            Some((&n, rest)) => (n, rest.to_vec()),
+            None => {
+                return Err(PyValueError::new_err(format!(
+                    "column {name} must have a sample dim"
+                )))
+            }
+        };
+        let first = *samples.get_or_insert(n);
+        if n != first {
+            return Err(PyValueError::new_err(format!(
+                "column {name} has shape {full:?}; expected [{first}, ...], one row per sample \
+                 of column {}",
+                names[0]
+            )));
+        }
+        // The arrays must be what the traced graph takes (its first dim is the batch): found
+        // here, before any rank starts, where the runtime would fail its first step.
         let value = builder.builder.value(ValueId(id)).map_err(graph_err)?;
         let takes = value.shape.get(1..).unwrap_or(&[]);
-        if value.shape.is_empty() || takes != per_sample.as_slice() || value.dtype != column.dtype()
-        {
+        if value.shape.is_empty() || takes != shape.as_slice() || value.dtype != column.dtype() {
             return Err(PyValueError::new_err(format!(
-                "{what}: samples of shape {per_sample:?} and dtype {}, but the network's value \
-                 `{}` {:?} takes samples of shape {takes:?} and dtype {}",
+                "column {name}: samples of shape {shape:?} and dtype {}, but the network's \
+                 value `{}` {:?} takes samples of shape {takes:?} and dtype {}",
                 column.dtype(),
                 value.name,
                 value.shape,
                 value.dtype
             )));
         }
+        columns.push(NumpyColumn {
+            data: column,
+            shape,
+            name: name.clone(),
+        });
     }
+    let samples = samples.unwrap_or(0);
     if batch_size == Some(0) {
         return Err(PyValueError::new_err(
             "batch_size is 0; a batch holds at least one sample",
@@ -271,17 +335,14 @@ fn train_network(
             )));
         }
     }
-    let dataset = NumpyDataset {
-        inputs,
-        sample_shape,
-        labels: labels_column,
-        label_shape,
-        samples,
-    };
+    let dataset = NumpyDataset { columns, samples };
+    let ids: Vec<ValueId> = inputs.iter().map(|&id| ValueId(id)).collect();
     let model = Model {
         graph: builder.builder.clone().finish(),
-        input: ValueId(input),
-        labels: ValueId(labels),
+        input: ids[0],
+        // The labels of a loss cell of one's own are just another column: nothing reads the
+        // model's labels but a test set's accuracy, which this run has not.
+        labels: *ids.last().unwrap_or(&ids[0]),
         logits: ValueId(logits),
         loss: ValueId(loss),
     };
@@ -311,7 +372,7 @@ fn train_network(
     let mut warnings = config.warnings();
     let report = py.detach(|| {
         runtime::allocator::keep_freed_memory();
-        let session = TrainSession::with_dataset(&config, model, Arc::new(dataset), None)?;
+        let session = TrainSession::with_columns(&config, model, ids, Arc::new(dataset), None)?;
         let compiled = session.warnings();
         let report = if mpi {
             crate::distributed::train_rank(&session, &options, callbacks)

@@ -95,8 +95,8 @@ class NetworkBuilder:
     def shape(self, id: int) -> List[int]: ...
     def node_names(self) -> List[str]: ...
 
-def train_network(builder: NetworkBuilder, input: int, labels: int, logits: int, loss: int,
-                  inputs: np.ndarray, label_data: np.ndarray, config: str, *,
+def train_network(builder: NetworkBuilder, inputs: List[int], logits: int, loss: int,
+                  data: List[np.ndarray], config: str, *, names: Optional[List[str]] = None,
                   batch_size: Optional[int] = None, shuffle: bool = True, backend: str = "local",
                   callback: Optional[Callable[[int, int, int, float, float], None]] = None,
                   ) -> Tuple[List[float], Optional[str], List[str]]: ...

@@ -37,8 +37,8 @@ class _Trace:
         self.param_anchors = []  # (Parameter, strategy, what) from shard's parameter_plan
         self.dropouts = 0        # Dropout sites traced so far (the default seed of the next)
         self.training = True     # False when Model.eval traces: nn.Dropout is the identity
-        self.label_ids = set()   # value ids of the label column, as given or reshaped
-        self.class_uses = []     # (node, classes): nodes taking those as class indices
+        self.label_ids = {}      # value id -> integer column it is, as given or reshaped
+        self.class_uses = []     # (node, classes, column): nodes taking one as class indices
 
     def cell(self):
         if not self.cells:
@@ -69,9 +69,9 @@ class _Trace:
         if ids and self.label_ids:
             if kind == "sparse_softmax_cross_entropy" and len(ids) == 2 \
                     and ids[1] in self.label_ids and inputs[0].shape:
-                self.class_uses.append((name, inputs[0].shape[-1]))
+                self.class_uses.append((name, inputs[0].shape[-1], self.label_ids[ids[1]]))
             elif kind == "reshape" and ids[0] in self.label_ids:
-                self.label_ids.update(vid for vid, _, _ in outs)
+                self.label_ids.update((vid, self.label_ids[ids[0]]) for vid, _, _ in outs)
         return [Tensor(vid, shape, dtype) for vid, shape, dtype in outs]
 
     def constant(self, name, value, like=None):

@@ -287,14 +287,19 @@ def test_train_network_checks_its_arguments_before_training(tmp_path):
     config = json.dumps({"parallel": {"mode": "stand_alone", "devices": 1},
                          "train": {"optimizer": "sgd", "learning_rate": 0.01, "epochs": 1},
                          "output": {"dir": str(tmp_path / "run")}})
-    with pytest.raises(ValueError, match="input: value 999 is not in the traced network"):
-        T.train_network(b, 999, y, h, loss, inputs, labels, config)  # was an index panic
-    with pytest.raises(ValueError, match="labels: samples of shape .* dtype f32.*takes"):
-        T.train_network(b, x, y, h, loss, inputs, labels.astype(np.float32), config)
+    with pytest.raises(ValueError, match=r"inputs\[0\]: value 999 is not in the traced network"):
+        T.train_network(b, [999, y], h, loss, [inputs, labels], config)  # was an index panic
+    with pytest.raises(ValueError, match="column 1: samples of shape .* dtype f32.*takes"):
+        T.train_network(b, [x, y], h, loss, [inputs, labels.astype(np.float32)], config)
     with pytest.raises(ValueError, match="batch_size is 0"):
-        T.train_network(b, x, y, h, loss, inputs, labels, config, batch_size=0)
+        T.train_network(b, [x, y], h, loss, [inputs, labels], config, batch_size=0)
     with pytest.raises(TypeError, match="callback must be callable"):
-        T.train_network(b, x, y, h, loss, inputs, labels, config, callback=5)
+        T.train_network(b, [x, y], h, loss, [inputs, labels], config, callback=5)
+    with pytest.raises(ValueError, match="data: 1 column.*for 2 graph input"):
+        T.train_network(b, [x, y], h, loss, [inputs], config)
+    with pytest.raises(ValueError, match="column label has shape .*one row per sample"):
+        T.train_network(b, [x, y], h, loss, [inputs, labels[:8]], config,
+                        names=["data", "label"])
     assert not (tmp_path / "run").exists(), "refused before any rank started"
 
 

@@ -180,14 +180,21 @@ def test_predict_computes_nan_as_mindspore_does():
 
 
 def test_a_model_without_loss_predicts_but_does_not_train_or_evaluate():
+    # MindSpore trains Model(net) as it is (its construct takes the columns and returns the
+    # loss): an MLP takes one column, not (data, label), and returns no scalar loss.
     net = MLP(64)
     _fill(net)
     model = Model(net, metrics={"accuracy"})
     data = ds.NumpySlicesDataset((_x(8), np.zeros(8, np.int32))).batch(4)
-    with pytest.raises(TypeError, match=r"Model.train: the network must end in its loss.*"
-                                        r"found a MLP, which Model.predict can run"):
+    with pytest.raises(TypeError, match=r"Model.train: the dataset's 2 column\(s\) .* are fed "
+                                        r"positionally to MLP.construct\(x\), which takes 1 .*"
+                                        r"give loss_fn"):
         model.train(1, data)
-    with pytest.raises(TypeError, match=r"Model.eval: the network must end in its loss"):
+    with pytest.raises(TypeError, match=r"Model.train: MLP.construct returned a tensor of shape "
+                                        r"\(4, 10\).*must return its loss.*give loss_fn"):
+        model.train(1, ds.NumpySlicesDataset((_x(8),)).batch(4))
+    with pytest.raises(ValueError, match=r"Model.eval: the network \(MLP\) computes its own "
+                                         r"loss.*eval_network"):
         model.eval(data)
     assert model.predict(_x(2)).shape == (2, 10)
 

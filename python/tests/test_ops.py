@@ -480,5 +480,5 @@ def test_dropout_is_the_identity_in_model_eval():
     x = np.zeros((8, 4), np.float32)
     y = np.zeros(8, np.int32)
     for training, expected in ((True, True), (False, False)):
-        builder = model._trace(4, x, y, training=training)[0]
+        builder = model._trace(4, [("x", x), ("y", y)], training=training)[0]
         assert ("drop" in builder.node_names()) is expected

@@ -6,8 +6,9 @@
 //!   [`RankExecutor`], [`Optimizer`] and their companions are re-exported here under their old
 //!   paths. [`LrSchedule`]: MindSpore's and MindFormers' learning-rate schedules per global
 //!   step, which set the optimizer's rate.
-//! - [`Dataset`]: what batches are read through — samples by index, each an input and a
-//!   label. [`IdxDataset`] (MNIST-format data) and [`TokenWindows`] (a token split's windows)
+//! - [`Dataset`]: what batches are read through — samples by index, each a row of every
+//!   column (an input and a label by default, or any number of columns, each fed to the graph
+//!   input bound to it: [`TrainSession::with_columns`], [`Trainer::columns`]). [`IdxDataset`] (MNIST-format data) and [`TokenWindows`] (a token split's windows)
 //!   implement it, and so can any data set of the caller's. [`BatchPlan`]: global batches that
 //!   are the same on every device count; each rank reads only its rows.
 //! - [`Callback`]s: [`LossMonitor`] (MindSpore's `epoch: 1 step: 10, loss is …`), [`MetricsLog`]

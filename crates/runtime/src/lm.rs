@@ -164,7 +164,7 @@ impl TextData {
     ) -> Result<(), RuntimeError> {
         let starts: Vec<usize> = starts.iter().map(|&s| s as usize).collect();
         let windows = TokenWindows::new(split, self.seq_len);
-        feed_rows(exec, model.labels, &windows, &starts)
+        feed_rows(exec, &[model.input, model.labels], &windows, &starts)
     }
 
     /// The window starts of micro-batch `micro` (from 0) of training step `step` (from 0) of

@@ -42,6 +42,7 @@ pub struct Trainer {
     shuffle: bool,
     print_loss: bool,
     callbacks: CallbackList,
+    columns: Option<Vec<graph::ValueId>>,
 }
 
 /// What a [`Trainer`] trains on.
@@ -71,6 +72,7 @@ impl std::fmt::Debug for Trainer {
             .field("shuffle", &self.shuffle)
             .field("print_loss", &self.print_loss)
             .field("callbacks", &self.callbacks.len())
+            .field("columns", &self.columns)
             .finish()
     }
 }
@@ -152,6 +154,7 @@ impl Trainer {
             shuffle: true,
             print_loss: true,
             callbacks: CallbackList::new(),
+            columns: None,
         }
     }
 
@@ -161,6 +164,15 @@ impl Trainer {
         if let TrainerData::Samples { test: slot, .. } = &mut self.data {
             *slot = Some(Arc::new(test));
         }
+        self
+    }
+
+    /// The graph input each column of the data set feeds, positionally: column `j` into
+    /// `columns[j]` (of a trainer [`Trainer::with_dataset`] on a data set of any number of
+    /// columns, [`Dataset::columns`]; by default its two columns feed the model's data input
+    /// and labels). Every graph input must be bound to one column ([`TrainSession::with_columns`]).
+    pub fn columns(mut self, columns: Vec<graph::ValueId>) -> Trainer {
+        self.columns = Some(columns);
         self
     }
 
@@ -269,10 +281,22 @@ impl Trainer {
         // `train_local` creates the output directory (`check_before_start`).
         let config = self.config()?;
         let session = match self.data {
-            TrainerData::Idx(_) => Session::with_model(&config, self.model)?.into_train_session(),
-            TrainerData::Samples { train, test } => {
-                TrainSession::with_dataset(&config, self.model, train, test)?
+            TrainerData::Idx(_) if self.columns.is_some() => {
+                return Err(RuntimeError::Config {
+                    key: "columns".to_string(),
+                    reason: "Trainer::columns binds the columns of a data set given to \
+                             Trainer::with_dataset; the IDX data set's two columns feed the \
+                             model's data input and labels"
+                        .to_string(),
+                })
             }
+            TrainerData::Idx(_) => Session::with_model(&config, self.model)?.into_train_session(),
+            TrainerData::Samples { train, test } => match self.columns {
+                None => TrainSession::with_dataset(&config, self.model, train, test)?,
+                Some(columns) => {
+                    TrainSession::with_columns(&config, self.model, columns, train, test)?
+                }
+            },
         };
         let options = LaunchOptions {
             print_loss: self.print_loss,

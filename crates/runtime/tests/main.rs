@@ -12,6 +12,7 @@ mod config_effect;
 mod config_sweep;
 mod context_parallel;
 mod custom_dataset;
+mod dataset_columns;
 mod gpt;
 mod grad_accumulation;
 mod hsdp;

@@ -17,11 +17,14 @@ _CONTEXT_MODES = {"stand_alone": "stand_alone", "data_parallel": "data_parallel"
 
 @dataclasses.dataclass
 class Parts:
-    """A network taken apart: its wrappers (each ``None`` when absent) and the
-    ``nn.WithLossCell`` inside them."""
+    """A network taken apart: its wrappers (each ``None`` when absent) and the loss cell inside
+    them (``loss_cell``, whose ``construct`` takes the dataset's columns and returns the loss):
+    an ``nn.WithLossCell`` (then also ``with_loss``, whose backbone's output are the logits) or
+    a Cell of the user's own (``with_loss`` is ``None``)."""
 
     top: object
     with_loss: object
+    loss_cell: object = None
     auto_parallel: object = None
     pipeline: object = None
     grad_accumulation: object = None
@@ -29,9 +32,11 @@ class Parts:
 
 
 def unwrap(network, loss_fn=None):
-    """The wrappers around ``network`` and the ``WithLossCell`` they hold; a ``TypeError`` naming
-    what was found instead of the loss cell. With ``loss_fn`` (``Model``'s), the loss goes
-    around the network inside an ``AutoParallel`` given as the network — MindSpore's
+    """The wrappers around ``network`` and the loss cell they hold: an ``nn.WithLossCell``, or
+    (MindSpore's ``Model(NetWithLoss(...), optimizer=opt)``) any other Cell, whose
+    ``construct`` takes the dataset's columns positionally and returns the scalar loss; a
+    ``TypeError`` naming what was found instead of a Cell. With ``loss_fn`` (``Model``'s), the
+    loss goes around the network inside an ``AutoParallel`` given as the network — MindSpore's
     documented ``Model(AutoParallel(net), loss_fn=loss, optimizer=opt)``, whose parallel
     settings are the job's (MindSpore sets its parallel context from the network given to
     ``Model``) — and around the network itself otherwise. A wrapper inside the loss cell (a
@@ -62,27 +67,35 @@ def unwrap(network, loss_fn=None):
         raise TypeError(f"Model: a TrainOneStepCell inside {type(parts.top).__name__} is not "
                         "supported; give it to Model as the network itself "
                         "(Model(TrainOneStepCell(net_with_loss, optimizer)))")
-    if not isinstance(net, nn.WithLossCell):
+    if not isinstance(net, nn.Cell):
         raise TypeError(f"Model: the network must end in its loss: give loss_fn, or wrap it in "
-                        f"nn.WithLossCell (inside AutoParallel and Pipeline); found a "
-                        f"{type(net).__name__}")
-    parts.with_loss = net
-    _refuse_wrappers_inside(net._backbone, (AutoParallel, Pipeline, GradAccumulation,
-                                            MicroBatchInterleaved))
+                        f"nn.WithLossCell (inside AutoParallel and Pipeline), or give a Cell "
+                        f"whose construct returns its loss; found a {type(net).__name__}")
+    wrappers = (AutoParallel, Pipeline, GradAccumulation, MicroBatchInterleaved)
+    parts.loss_cell = net
+    if isinstance(net, nn.WithLossCell):
+        parts.with_loss = net
+        _refuse_wrappers_inside([("the backbone", net._backbone)], wrappers,
+                                "nn.WithLossCell(net, loss_fn)")
+    else:
+        _refuse_wrappers_inside([(f"the cell {name!r}", child)
+                                 for name, child in net.name_cells().items()], wrappers,
+                                f"{type(net).__name__}(...)")
     return parts
 
 
-def _refuse_wrappers_inside(backbone, wrappers):
-    """A ``TypeError`` naming the first of ``wrappers`` found in ``backbone``'s tree (itself
-    included): its settings apply only around the loss cell."""
-    stack = [("the backbone", backbone)]
+def _refuse_wrappers_inside(roots, wrappers, loss_cell):
+    """A ``TypeError`` naming the first of ``wrappers`` found in the trees of ``roots``
+    (``[(what, cell)]``, each cell included): its settings apply only around the loss cell
+    (``loss_cell`` says how it is made, for the advice)."""
+    stack = list(roots)
     while stack:
         where, cell = stack.pop()
         if isinstance(cell, wrappers):
             kind = type(cell).__name__
             raise TypeError(
                 f"Model: {where} of the loss cell is a {kind}, whose settings apply only around "
-                f"the loss: give {kind}(nn.WithLossCell(net, loss_fn)) to Model (without "
+                f"the loss: give {kind}({loss_cell}) to Model (without "
                 f"loss_fn){', or Model(AutoParallel(net), loss_fn, optimizer)' if kind == 'AutoParallel' else ''}")
         stack.extend((f"{where}'s cell {name!r}", child)
                      for name, child in cell.name_cells().items())
@@ -265,8 +278,8 @@ def engine_config(parts, optimizer, strategies, *, epochs, output_dir, resume_fr
     train.update(epochs=epochs, seed=state["seed"], deterministic=state["deterministic"])
     if deferred_init:
         train["lazy_init"] = True
-    cells = (parts.top, parts.auto_parallel, parts.pipeline, parts.with_loss,
-             parts.with_loss._backbone)
+    cells = (parts.top, parts.auto_parallel, parts.pipeline, parts.loss_cell,
+             parts.with_loss._backbone if parts.with_loss is not None else None)
     if any(getattr(cell, "_parameter_broadcast", False) for cell in cells if cell is not None):
         train["parameter_broadcast"] = True
     if resume_from is not None:

@@ -77,6 +77,87 @@ def _engine_arrays(dataset):
     return data, label
 
 
+#: The most columns a dataset fed to a network may have (each is one input of the traced graph;
+#: the engine's bound).
+_MAX_COLUMNS = 1024
+
+
+def _engine_columns(dataset):
+    """Every column of a batched dataset as the engine takes it, for a loss cell of one's own
+    (which MindSpore feeds them positionally): ``[(name, array)]``, a column of signed integers
+    (token ids, class indices) as int32, any other (floats, unsigned integers, bools) as
+    float32, each with its own shape per sample. A column that is not numbers, an integer
+    beyond int32, or a float that is NaN or infinite as float32 is a ``ValueError`` naming the
+    column (and the sample)."""
+    names, columns = list(dataset.column_names), dataset._columns
+    if len(columns) > _MAX_COLUMNS:
+        raise ValueError(f"Model.train: the dataset has {len(columns)} columns; a network takes "
+                         f"at most {_MAX_COLUMNS}")
+    out = []
+    for name, column in zip(names, columns):
+        column = np.asarray(column)
+        if column.dtype.kind not in "biuf":
+            raise ValueError(f"column {name} has dtype {column.dtype}; the network's inputs must "
+                             "be numbers")
+        to_int = column.dtype.kind == "i"
+        if to_int:
+            _check_int32(name, column)
+        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
+            column = np.ascontiguousarray(column, np.int32 if to_int else np.float32)
+        _check_finite(name, column)
+        out.append((name, column))
+    return out
+
+
+def _construct_arity(cell):
+    """``(fewest, most, text)`` positional arguments of ``cell.construct`` (``most`` None for
+    ``*args``) and its signature as text, for the error of a column count it does not take."""
+    import inspect
+    try:
+        signature = inspect.signature(cell.construct)
+    except (TypeError, ValueError):
+        return 0, None, "construct(...)"
+    fewest, most = 0, 0
+    for param in signature.parameters.values():
+        if param.kind == param.VAR_POSITIONAL:
+            most = None
+        elif param.kind in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            if most is not None:
+                most += 1
+            if param.default is param.empty:
+                fewest += 1
+    return fewest, most, f"{type(cell).__name__}.construct{signature}"
+
+
+def _check_column_count(cell, names):
+    """The dataset's columns ``names`` are fed positionally to ``cell.construct`` (MindSpore's
+    rule for a network trained as it is): a count it does not take is a ``TypeError`` naming
+    both."""
+    fewest, most, text = _construct_arity(cell)
+    if len(names) < fewest or (most is not None and len(names) > most):
+        takes = (f"{fewest}" if fewest == most else
+                 f"{fewest} or more" if most is None else f"{fewest} to {most}")
+        raise TypeError(f"Model.train: the dataset's {len(names)} column(s) {list(names)} are "
+                        f"fed positionally to {text}, which takes {takes} (a network trained "
+                        "without loss_fn computes its loss from the columns; give loss_fn for "
+                        "Model(net, loss_fn, optimizer) with (data, label) columns)")
+
+
+def _check_loss_output(cell, out):
+    """The output of a loss cell of one's own is its loss: a scalar float tensor; anything else
+    is a ``TypeError`` naming what it returned."""
+    if isinstance(out, _trace.Tensor):
+        if out.shape == () and out.dtype.is_float:
+            return
+        what = f"a tensor of shape {tuple(out.shape)} and dtype {out.dtype}"
+    else:
+        what = f"a {type(out).__name__}"
+    raise TypeError(f"Model.train: {type(cell).__name__}.construct returned {what}; a network "
+                    "trained as it is (without loss_fn) must return its loss, a scalar float "
+                    "tensor (give loss_fn, Model(net, loss_fn, optimizer), to train a network "
+                    "that returns its logits)")
+
+
 def _check_finite(name, column):
     """A float column (as the engine takes it, float32) holding NaN or infinity is a
     ``ValueError`` naming the column and the first such sample: one would make the weights NaN
@@ -118,7 +199,7 @@ def _check_labels(what, name, labels, class_uses):
     only at the batch holding it, naming its position in a shuffled batch)."""
     if labels.dtype.kind not in "iu" or labels.size == 0:
         return
-    for node, classes in class_uses:
+    for node, classes, *_ in class_uses:
         bad = (labels < 0) | (labels >= classes)
         if bad.any():
             sample, value = _first_bad_sample(labels, bad)
@@ -284,6 +365,7 @@ class Model:
                                  "optimizer), with the optimizer's max_grad_norm for clipping")
             network, optimizer = network.network, network.optimizer
         self._loss_fn_given = loss_fn is not None
+        self._trained_network = network  # inside a TrainOneStepCell
         if loss_fn is None and _predict_only(network):
             # A network without its loss (`Model(net)`): MindSpore builds it, and it can
             # predict; `train` and `eval` refuse it (`_require_loss`).
@@ -306,28 +388,47 @@ class Model:
         self._steps_done = 0       # global steps trained so far (the engine's step counter)
         self._runs_count = 0
 
-    def _trace(self, batch, data, labels, training=True):
+    def _trace(self, batch, columns, training=True):
+        """The network traced on one micro-batch of ``batch`` samples of ``columns`` (``[(name,
+        array)]``, as the engine takes them): ``(builder, inputs, logits, loss, strategies,
+        params)``. A ``WithLossCell`` takes (data, label) and its backbone's output are the
+        logits; a loss cell of one's own takes every column positionally, as MindSpore feeds
+        them to ``construct``, and its output (which must be a scalar float tensor) is both the
+        loss and what ``logits`` names."""
         builder = NetworkBuilder()
-        top, net = self._parts.top, self._parts.with_loss
+        top, net = self._parts.top, self._parts.loss_cell
+        with_loss = self._parts.with_loss is not None
         top._name_tree("")
         with _trace.tracing(builder) as trace:
             trace.training = training
-            x = _trace.Tensor(*builder.input("data", [batch, *data.shape[1:]], data.dtype.name),
-                              dtype=data.dtype.name)
-            y = _trace.Tensor(*builder.input("label", [batch, *labels.shape[1:]],
-                                             labels.dtype.name), dtype=labels.dtype.name)
-            trace.label_ids.add(y.id)
-            trace.cells.append(("", type(net).__name__))
-            logits = net._backbone(x)
-            loss = net._loss_fn(logits, y)
-            trace.cells.pop()
-        for what, t in (("the backbone's output", logits), ("the loss", loss)):
-            if not isinstance(t, _trace.Tensor):
-                raise TypeError(f"{what} is a {type(t).__name__}, not a traced tensor")
+            inputs = []
+            for j, (name, array) in enumerate(columns):
+                # A column's own name could be a Parameter's or node's (`fc1.weight`): a
+                # name with a space, which no attribute path has, names the column.
+                graph_name = (("data", "label")[j] if with_loss else
+                              f"column {j} {name}".replace(".", "_").replace(":", "_").strip())
+                t = _trace.Tensor(*builder.input(graph_name, [batch, *array.shape[1:]],
+                                                 array.dtype.name), dtype=array.dtype.name)
+                if array.dtype.kind in "iu" and (j == 1 or not with_loss):
+                    trace.label_ids[t.id] = j  # class indices, if a loss takes them so
+                inputs.append(t)
+            if with_loss:
+                trace.cells.append(("", type(net).__name__))
+                logits = net._backbone(inputs[0])
+                loss = net._loss_fn(logits, inputs[1])
+                trace.cells.pop()
+            else:
+                loss = logits = net(*inputs)
+        if with_loss:
+            for what, t in (("the backbone's output", logits), ("the loss", loss)):
+                if not isinstance(t, _trace.Tensor):
+                    raise TypeError(f"{what} is a {type(t).__name__}, not a traced tensor")
+        else:
+            _check_loss_output(net, loss)
         params = [(p, trace.params[id(p)]) for p in net.get_parameters() if id(p) in trace.params]
         self._anchors = _anchors(trace)
         self._class_uses = list(trace.class_uses)
-        return builder, x, y, logits, loss, trace.strategies, params
+        return builder, inputs, logits, loss, trace.strategies, params
 
     def _run_dir(self):
         """A fresh directory for the next run's outputs; under ``tessera launch`` rank 0 makes
@@ -358,14 +459,15 @@ class Model:
         return os.path.join(self._runs, f"run_{self._runs_count}")
 
     def _require_loss(self, method):
-        """A ``TypeError`` for ``method`` when the Model's network has no loss (``Model(net)``
-        without ``loss_fn``), which can only predict."""
+        """The network taken apart for ``method`` (``train``, ``eval``): a network given
+        without ``loss_fn`` that is no ``WithLossCell`` (``Model(net)``) is trained as it is,
+        as MindSpore does — a loss cell of one's own, whose ``construct`` takes the dataset's
+        columns and returns the loss; a ``TypeError`` naming the method if it cannot be."""
         if self._parts is None:
-            raise TypeError(f"{method}: the network must end in its loss: give loss_fn "
-                            "(Model(net, loss_fn, optimizer)), or wrap it in nn.WithLossCell "
-                            "(inside AutoParallel and Pipeline); found a "
-                            f"{type(_without_auto_parallel(self.network)).__name__}, which "
-                            "Model.predict can run but not train or evaluate")
+            try:
+                self._parts = engine_config.unwrap(self._trained_network)
+            except TypeError as e:
+                raise TypeError(f"{method}: {str(e).removeprefix('Model: ')}") from None
 
     def _devices(self):
         state = _context._STATE
@@ -394,19 +496,28 @@ class Model:
         callbacks = _callback_list(callbacks)
         if train_dataset.batch_size is None:
             raise ValueError("Model.train: batch the dataset first (dataset.batch(n))")
-        data, labels = _engine_arrays(train_dataset)
+        if self._parts.with_loss is not None:
+            data, labels = _engine_arrays(train_dataset)
+            columns = [(train_dataset.column_names[0], data),
+                       (train_dataset.column_names[1], labels)]
+        else:
+            _check_column_count(self._parts.loss_cell, train_dataset.column_names)
+            columns = _engine_columns(train_dataset)
         if self._parts.auto_parallel is not None:
             self._parts.auto_parallel._check_outputs()
         batch = train_dataset.batch_size
         state = _context._STATE
         devices = self._devices()
         step_batch, micro_batch = engine_config.batch_sizes(self._parts, batch, devices)
-        builder, x, y, logits, loss, strategies, traced = self._trace(micro_batch, data, labels)
-        _check_labels("Model.train", train_dataset.column_names[1], labels, self._class_uses)
+        builder, inputs, logits, loss, strategies, traced = self._trace(micro_batch, columns)
+        for _, _, j in self._class_uses:
+            name, column = columns[j]
+            _check_labels("Model.train", name, column,
+                          [use for use in self._class_uses if use[2] == j])
         strategies = _with_anchored(builder, self._anchors, strategies, devices,
                                     engine_config.devices_per_stage(self._parts, devices))
         _warn_ignored_settings(self._parts, strategies, traced, devices)
-        batch_num = len(data) // batch
+        batch_num = len(columns[0][1]) // batch
         # A continued run counts its steps on from the checkpoint's: the engine trains up to
         # `epochs` in all, so the epochs already done (a partial one counted whole) are added.
         done_epochs = -(-self._steps_done // batch_num) if self._checkpoint else 0
@@ -451,7 +562,9 @@ class Model:
         mpi = state["backend"] == "mpi"
         try:
             losses, saved, engine_warnings = train_network(
-                builder, x.id, y.id, logits.id, loss.id, data, labels, json.dumps(config),
+                builder, [t.id for t in inputs], logits.id, loss.id,
+                [column for _, column in columns], json.dumps(config),
+                names=[name for name, _ in columns],
                 batch_size=step_batch, shuffle=train_dataset._shuffle, backend="mpi" if mpi else "local",
                 callback=on_step if callbacks else None)
         except _StopRequested:
@@ -523,6 +636,15 @@ class Model:
             raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
         if valid_dataset.batch_size is None:
             raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
+        if self._parts.with_loss is None:
+            # MindSpore's rule: the metrics need the logits, which a loss cell of one's own
+            # does not give out; they come from an eval_network.
+            raise ValueError(
+                f"Model.eval: the network ({type(self._parts.loss_cell).__name__}) computes its "
+                "own loss (it is no WithLossCell and Model has no loss_fn), so the metrics need "
+                "an eval_network returning the logits (MindSpore's Model(network, "
+                "eval_network=..., eval_indexes=...)), which Tessera does not support yet; "
+                "evaluate with Model(net, loss_fn, metrics=...) on the same backbone")
         loss_fn = self._parts.with_loss._loss_fn
         kinds = set(self._metrics.values())
         # Token ids stay int32, as in training (cast to float32 they reached the Embedding's
@@ -545,7 +667,9 @@ class Model:
             raise ValueError(f"Model.eval: the dataset has {len(valid_dataset._columns[0])} "
                              f"sample(s), no batch of batch_size {batch}; the metrics need at "
                              "least one")
-        builder, x, _, logits, _, _, traced = self._trace(batch, data, labels, training=False)
+        names = valid_dataset.column_names
+        builder, (x, _), logits, _, _, traced = self._trace(
+            batch, [(names[0], data), (names[1], labels)], training=False)
         if len(logits.shape) != 2 and labels.dtype.kind != "f":
             raise ValueError(f"Model.eval: the network's output has shape {logits.shape[1:]} "
                              "per sample; class scores [classes] are needed")
@@ -635,12 +759,25 @@ class Model:
                             "predict runs as it is (one training step on (data, label), "
                             "returning the loss); Tessera predicts the network alone: give "
                             "it to Model (Model(net).predict(data))")
-        if self._parts is None:
+        parts = self._parts
+        if parts is None:
             return _without_auto_parallel(given)
         if self._loss_fn_given:
-            return self._parts.with_loss._backbone
+            return parts.with_loss._backbone
+        if parts.with_loss is None and parts.pipeline is None \
+                and parts.grad_accumulation is None and parts.interleaved is None:
+            # A Cell given alone (Model(net)), maybe trained as its own loss cell: MindSpore's
+            # predict runs it as it is, on the inputs given.
+            net = _without_auto_parallel(given)
+            fewest, most, text = _construct_arity(net)
+            if fewest > 1:
+                raise TypeError(f"Model.predict: {text} takes {fewest} inputs (a loss cell of "
+                                "one's own, fed the dataset's columns in training); the "
+                                "engine's forward runs a network of one input: give "
+                                "Model the network without its loss")
+            return net
         raise TypeError(f"Model.predict: the network ends in its loss (a "
-                        f"{type(self._parts.with_loss).__name__}, given as "
+                        f"{type(parts.loss_cell).__name__}, given as "
                         f"{type(self._parts.top).__name__}), which MindSpore's predict runs "
                         "as it is, taking (data, label) and returning the loss; Tessera's "
                         "predict runs one input through the network without a loss: give "

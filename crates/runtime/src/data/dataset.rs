@@ -1,6 +1,7 @@
-//! [`Dataset`]: what a session reads its batches through — samples addressed by index, each an
-//! input and a label — and the one function that feeds a rank's rows of a batch of any data set
-//! into an executor.
+//! [`Dataset`]: what a session reads its batches through — samples addressed by index, each a
+//! row of every column (an input and a label, or any number of columns) — and the one function
+//! that feeds a rank's rows of a batch of any data set into an executor, each graph input from
+//! the column bound to it.
 //!
 //! The built-in data sets implement it: [`IdxDataset`] (images and their class labels) and
 //! [`TokenWindows`] (the windows of a token split: the sample at index `s` is the window of
@@ -25,12 +26,16 @@ pub struct SampleSpec {
     pub dtype: DType,
 }
 
-/// A data set of samples addressed by index `0..len()`, each an input and a label.
+/// A data set of samples addressed by index `0..len()`, each a row of every column: by
+/// default two columns, the input (column 0, [`Dataset::read_inputs`]) and the label (column
+/// 1, [`Dataset::read_labels`]); a data set of another number of columns (MindSpore's
+/// datasets of `k` columns fed positionally to a network's `construct(c1, ..., ck)`) overrides
+/// [`Dataset::columns`], [`Dataset::column_spec`] and [`Dataset::read_column`].
 ///
 /// A batch is a list of sample indices, the same on every rank and every device count
-/// ([`crate::BatchPlan`]); each rank reads only the samples of its rows, so `read_inputs` and
-/// `read_labels` must return the same values for an index whichever other indices they are
-/// asked with. Reads may come from several rank threads at once.
+/// ([`crate::BatchPlan`]); each rank reads only the samples of its rows, so the reads must
+/// return the same values for an index whichever other indices they are asked with. Reads may
+/// come from several rank threads at once.
 pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// The number of samples.
     fn len(&self) -> usize;
@@ -53,6 +58,41 @@ pub trait Dataset: Send + Sync + std::fmt::Debug {
     /// The labels of samples `indices`, in that order: a tensor `[indices.len(), ..label
     /// shape]` of the label dtype.
     fn read_labels(&self, indices: &[usize]) -> Result<Tensor, RuntimeError>;
+
+    /// The number of columns (default 2: the input and the label).
+    fn columns(&self) -> usize {
+        2
+    }
+
+    /// The shape and dtype of one sample's `column` (default: column 0 the input's, column 1
+    /// the label's); `None` past the last column.
+    fn column_spec(&self, column: usize) -> Option<SampleSpec> {
+        match column {
+            0 => Some(self.input_spec()),
+            1 => Some(self.label_spec()),
+            _ => None,
+        }
+    }
+
+    /// Column `column` of samples `indices`, in that order: a tensor `[indices.len(),
+    /// ..shape]` of its [`Dataset::column_spec`] (default: column 0 [`Dataset::read_inputs`],
+    /// column 1 [`Dataset::read_labels`]; another column is an error naming it).
+    fn read_column(&self, column: usize, indices: &[usize]) -> Result<Tensor, RuntimeError> {
+        match column {
+            0 => self.read_inputs(indices),
+            1 => self.read_labels(indices),
+            _ => Err(no_column(column, self.columns())),
+        }
+    }
+}
+
+/// The error of a read of column `column` of a data set of `columns` columns.
+fn no_column(column: usize, columns: usize) -> RuntimeError {
+    RuntimeError::Mismatch {
+        what: format!("column {column} of the data set"),
+        expected: format!("a column below {columns} (the data set's columns)"),
+        got: format!("column {column}"),
+    }
 }
 
 impl Dataset for IdxDataset {
@@ -133,19 +173,30 @@ impl Dataset for TokenWindows<'_> {
 }
 
 /// Feeds this rank's rows of the batch of samples `indices` of `dataset` into `exec`'s inputs:
-/// for every input the rank holds, the samples of its rows (the dim-0 range of its box), the
-/// labels into the input `labels` and the inputs into every other.
+/// for every input the rank holds, the samples of its rows (the dim-0 range of its box), read
+/// from the column bound to it — `columns[j]` is the graph input column `j` feeds (for a model
+/// of a data input and labels, `[model.input, model.labels]`). An input bound to no column, or
+/// to several, or a column the data set does not have, is an error naming it: no input is fed
+/// another's column.
 pub fn feed_rows(
     exec: &mut RankExecutor,
-    labels: ValueId,
+    columns: &[ValueId],
     dataset: &dyn Dataset,
     indices: &[usize],
 ) -> Result<(), RuntimeError> {
+    if columns.len() > dataset.columns() {
+        return Err(RuntimeError::Mismatch {
+            what: "the graph inputs bound to the data set's columns".to_string(),
+            expected: format!("at most {} (the data set's columns)", dataset.columns()),
+            got: columns.len().to_string(),
+        });
+    }
     let program = exec.program().clone();
     for (i, input) in program.inputs.iter().enumerate() {
         if !exec.holds(&input.layout) {
             continue;
         }
+        let column = column_of(columns, input.value, &input.name)?;
         let region = exec.box_of(&input.layout)?;
         let (first, rows) = match (region.offset.first(), region.shape.first()) {
             (Some(&s), Some(&l)) => (s, l),
@@ -158,12 +209,33 @@ pub fn feed_rows(
                 expected: format!("rows within the batch of {}", indices.len()),
                 got: format!("rows {first}..{}", first + rows),
             })?;
-        let block = if input.value == labels {
-            dataset.read_labels(mine)?
-        } else {
-            dataset.read_inputs(mine)?
-        };
-        exec.set_input_rows(i, block)?;
+        exec.set_input_rows(i, dataset.read_column(column, mine)?)?;
     }
     Ok(())
+}
+
+/// The one column of `columns` bound to the graph input `value` (`name`); none, or several, is
+/// an error naming it.
+pub(crate) fn column_of(
+    columns: &[ValueId],
+    value: ValueId,
+    name: &str,
+) -> Result<usize, RuntimeError> {
+    let mut bound = columns.iter().enumerate().filter(|(_, &v)| v == value);
+    match (bound.next(), bound.next()) {
+        (Some((j, _)), None) => Ok(j),
+        (None, _) => Err(RuntimeError::Mismatch {
+            what: format!("the graph input {name}"),
+            expected: format!(
+                "one of the {} data set column(s) bound to it",
+                columns.len()
+            ),
+            got: "no column (it would be fed nothing, or another input's column)".to_string(),
+        }),
+        (Some((j, _)), Some((k, _))) => Err(RuntimeError::Mismatch {
+            what: format!("the graph input {name}"),
+            expected: "one data set column bound to it".to_string(),
+            got: format!("columns {j} and {k}"),
+        }),
+    }
 }

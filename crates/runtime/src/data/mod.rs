@@ -1,7 +1,8 @@
 //! Datasets and the order they are read in.
 //!
-//! - [`Dataset`]: what a session reads batches through — samples by index, each an input and a
-//!   label — and [`feed_rows`], which feeds a rank's rows of a batch of any data set. The IDX
+//! - [`Dataset`]: what a session reads batches through — samples by index, each a row of every
+//!   column (an input and a label by default) — and [`feed_rows`], which feeds a rank's rows of
+//!   a batch of any data set, each graph input from the column bound to it. The IDX
 //!   images and the token windows ([`TokenWindows`]) implement it; so can a caller's data set.
 //!
 //! - [`IdxDataset`]: an image/label split in MNIST's IDX format. Each rank reads only its share
@@ -26,6 +27,7 @@ mod idx;
 mod text;
 
 pub use self::batch::{Batch, BatchPlan};
+pub(crate) use self::dataset::column_of;
 pub use self::dataset::{feed_rows, Dataset, SampleSpec, TokenWindows};
 pub use self::idx::{IdxDataset, Normalize, Split};
 pub use self::text::{TokenCorpus, TokenDtype, TokenSplit, Tokenizer, MAX_TEXT_BYTES};

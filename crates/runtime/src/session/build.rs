@@ -101,6 +101,88 @@ fn check_model_input(
     Ok(())
 }
 
+/// Checks that `columns` binds every graph input of `model` to one column of `data` (`what`:
+/// the data set, for the messages): as many bound inputs as the data set has columns, each a
+/// graph input bound once, and each taking `data.batch_size` samples of its column's shape and
+/// dtype. Column 0 bound to the model's data input is checked as [`check_model_input`] does.
+fn check_columns(
+    config: &TrainConfig,
+    model: &Model,
+    columns: &[graph::ValueId],
+    data: &dyn Dataset,
+    what: &str,
+) -> Result<(), RuntimeError> {
+    let graph = &model.graph;
+    let name = |v: graph::ValueId| {
+        graph
+            .values()
+            .get(v.0)
+            .map_or_else(|| format!("value {}", v.0), |value| value.name.clone())
+    };
+    if columns.len() != data.columns() {
+        return Err(RuntimeError::Mismatch {
+            what: format!("the graph inputs bound to the columns of {what}"),
+            expected: format!("{} (one per column of {what})", data.columns()),
+            got: format!(
+                "{} ({:?})",
+                columns.len(),
+                columns.iter().map(|&v| name(v)).collect::<Vec<_>>()
+            ),
+        });
+    }
+    for (j, &v) in columns.iter().enumerate() {
+        if !graph.inputs().contains(&v) {
+            return Err(RuntimeError::Mismatch {
+                what: format!("column {j} of {what}"),
+                expected: "bound to an input of the model's graph".to_string(),
+                got: format!("{}, not a graph input", name(v)),
+            });
+        }
+        if let Some(k) = columns[..j].iter().position(|&u| u == v) {
+            return Err(RuntimeError::Mismatch {
+                what: format!("the graph input {}", name(v)),
+                expected: "one column bound to it".to_string(),
+                got: format!("columns {k} and {j} of {what}"),
+            });
+        }
+    }
+    if let Some(&free) = graph.inputs().iter().find(|v| !columns.contains(v)) {
+        return Err(RuntimeError::Mismatch {
+            what: format!("the graph input {}", name(free)),
+            expected: format!("a column of {what} bound to it"),
+            got: format!(
+                "none (the {} column(s) feed {:?})",
+                columns.len(),
+                columns.iter().map(|&v| name(v)).collect::<Vec<_>>()
+            ),
+        });
+    }
+    for (j, &v) in columns.iter().enumerate() {
+        let spec = data.column_spec(j).ok_or_else(|| RuntimeError::Mismatch {
+            what: format!("column {j} of {what}"),
+            expected: "its sample shape and dtype (Dataset::column_spec)".to_string(),
+            got: "none".to_string(),
+        })?;
+        if j == 0 && v == model.input {
+            check_model_input(config, model, &spec, what)?;
+        }
+        let value = &graph.values()[v.0];
+        let mut expected = vec![config.data().batch_size];
+        expected.extend(&spec.shape);
+        if value.shape != expected || value.dtype != spec.dtype {
+            return Err(RuntimeError::Mismatch {
+                what: format!("the graph input {} (column {j} of {what})", value.name),
+                expected: format!(
+                    "shape {expected:?} and dtype {} (data.batch_size and the column's samples)",
+                    spec.dtype
+                ),
+                got: format!("shape {:?} and dtype {}", value.shape, value.dtype),
+            });
+        }
+    }
+    Ok(())
+}
+
 impl Session {
     /// Builds the configured built-in model and its programs for `config`, reading the data's
     /// headers (for text, the whole text; token files are indexed).
@@ -188,6 +270,7 @@ impl Session {
         let samples = SessionData::Samples {
             train: train_data.clone(),
             test: Some(test_data.clone()),
+            columns: vec![model.input, model.labels],
         };
         Ok(Session {
             session: TrainSession::compile_samples(config, model, samples, with_eval)?,
@@ -242,16 +325,50 @@ impl TrainSession {
         train: Arc<dyn Dataset>,
         test: Option<Arc<dyn Dataset>>,
     ) -> Result<TrainSession, RuntimeError> {
+        let columns = vec![model.input, model.labels];
+        TrainSession::with_columns(config, model, columns, train, test)
+    }
+
+    /// A session training `model` on `train`, a data set of any number of columns fed
+    /// positionally (MindSpore's datasets of `k` columns given to a network's
+    /// `construct(c1, ..., ck)`): column `j` of each sample into the graph input `columns[j]`.
+    /// Every graph input must be bound to exactly one column, and take `data.batch_size`
+    /// samples of its column's shape and dtype; the loss is any scalar of the graph (the
+    /// model's labels and logits are not needed to train). A test set (its accuracy after
+    /// every epoch) needs the model's labels input among `columns` and the same columns as
+    /// `train`.
+    pub fn with_columns(
+        config: &TrainConfig,
+        model: Model,
+        columns: Vec<graph::ValueId>,
+        train: Arc<dyn Dataset>,
+        test: Option<Arc<dyn Dataset>>,
+    ) -> Result<TrainSession, RuntimeError> {
         crate::preflight::check_config_paths(config, false)?;
         check_batch_fits(config, train.len(), &"the training data set")?;
-        check_model_input(
+        check_columns(
             config,
             &model,
-            &train.input_spec(),
+            &columns,
+            train.as_ref(),
             "the data set's samples",
         )?;
         if let Some(test) = &test {
-            if test.input_spec() != train.input_spec() || test.label_spec() != train.label_spec() {
+            if !columns.contains(&model.labels) {
+                return Err(RuntimeError::Mismatch {
+                    what: "the test data set's accuracy".to_string(),
+                    expected: format!(
+                        "the model's labels input {} bound to a column",
+                        model.graph.values()[model.labels.0].name
+                    ),
+                    got: "no column bound to it".to_string(),
+                });
+            }
+            let two = train.columns() == 2 && test.columns() == 2;
+            if two
+                && (test.input_spec() != train.input_spec()
+                    || test.label_spec() != train.label_spec())
+            {
                 return Err(RuntimeError::Mismatch {
                     what: "the test data set's samples".to_string(),
                     expected: format!(
@@ -266,8 +383,25 @@ impl TrainSession {
                     ),
                 });
             }
+            let specs = |d: &dyn Dataset| {
+                (0..d.columns())
+                    .map(|j| d.column_spec(j))
+                    .collect::<Vec<_>>()
+            };
+            if specs(test.as_ref()) != specs(train.as_ref()) {
+                return Err(RuntimeError::Mismatch {
+                    what: "the test data set's columns".to_string(),
+                    expected: format!("the training set's: {:?}", specs(train.as_ref())),
+                    got: format!("{:?}", specs(test.as_ref())),
+                });
+            }
         }
-        TrainSession::compile_samples(config, model, SessionData::Samples { train, test }, true)
+        let data = SessionData::Samples {
+            train,
+            test,
+            columns,
+        };
+        TrainSession::compile_samples(config, model, data, true)
     }
 
     /// The programs of a classifier trained on samples: the training program of its loss,

@@ -5,7 +5,7 @@
 use exec::RankExecutor;
 
 use super::{SessionData, TrainSession};
-use crate::data::{feed_rows, BatchPlan, Dataset};
+use crate::data::{column_of, feed_rows, BatchPlan, Dataset};
 use crate::error::RuntimeError;
 
 impl TrainSession {
@@ -27,8 +27,8 @@ impl TrainSession {
         eval: &mut RankExecutor,
     ) -> Result<(Option<f64>, Option<f64>), RuntimeError> {
         match &self.data {
-            SessionData::Samples { test, .. } => match test {
-                Some(test) => Ok((Some(self.accuracy(eval, test.as_ref())?), None)),
+            SessionData::Samples { test, columns, .. } => match test {
+                Some(test) => Ok((Some(self.accuracy(eval, test.as_ref(), columns)?), None)),
                 None => Ok((None, None)),
             },
             SessionData::Text(text) => {
@@ -38,14 +38,21 @@ impl TrainSession {
         }
     }
 
-    /// Test accuracy: every test sample once, the last batch padded and its padding ignored.
-    fn accuracy(&self, eval: &mut RankExecutor, test: &dyn Dataset) -> Result<f64, RuntimeError> {
+    /// Test accuracy: every test sample once, the last batch padded and its padding ignored;
+    /// the labels are the column bound to the model's labels input.
+    fn accuracy(
+        &self,
+        eval: &mut RankExecutor,
+        test: &dyn Dataset,
+        columns: &[graph::ValueId],
+    ) -> Result<f64, RuntimeError> {
         let plan = BatchPlan::eval(test.len(), self.config.data().batch_size)?;
+        let label_column = column_of(columns, self.model.labels, "of the labels")?;
         let mut correct = 0usize;
         for batch in plan.iter() {
-            feed_rows(eval, self.model.labels, test, batch.indices)?;
+            feed_rows(eval, columns, test, batch.indices)?;
             eval.run()?;
-            let labels = test.read_labels(batch.indices)?.to_f64_vec();
+            let labels = test.read_column(label_column, batch.indices)?.to_f64_vec();
             correct += batch.correct_rows(&eval.output(0).to_f64_vec(), &labels);
         }
         Ok(correct as f64 / plan.n_real().max(1) as f64)

@@ -104,7 +104,7 @@ impl TrainSession {
     ) -> Result<(), RuntimeError> {
         let StepAt { plan, epoch, index } = at;
         match (&self.data, plan) {
-            (SessionData::Samples { train, .. }, EpochPlan::Samples(plan)) => {
+            (SessionData::Samples { train, columns, .. }, EpochPlan::Samples(plan)) => {
                 let batch = plan
                     .batch(index as usize)
                     .ok_or_else(|| RuntimeError::Mismatch {
@@ -114,7 +114,7 @@ impl TrainSession {
                     })?;
                 let batch_size = self.config.data().batch_size;
                 let rows = batch.rows(micro * batch_size, batch_size)?;
-                feed_rows(exec, self.model.labels, train.as_ref(), rows)
+                feed_rows(exec, columns, train.as_ref(), rows)
             }
             (SessionData::Text(text), _) => {
                 let seed = self.config.train().seed;

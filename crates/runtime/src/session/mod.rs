@@ -114,6 +114,8 @@ enum SessionData {
         train: Arc<dyn Dataset>,
         /// The test set.
         test: Option<Arc<dyn Dataset>>,
+        /// The graph input each column feeds (column `j` into `columns[j]`).
+        columns: Vec<graph::ValueId>,
     },
     /// Text (the GPT): random windows of the training split, the validation loss.
     Text(Arc<TextData>),
