@@ -40,14 +40,18 @@ NETWORK = [
         "warmup_lr", "cosine_decay_lr", "polynomial_decay_lr", "exponential_decay_lr",
         "piecewise_constant_lr", "CosineDecayLR", "WarmUpLR", "PolynomialDecayLR",
         "ExponentialDecayLR", "Accuracy", "Loss", "Cell.trainable_params", "Cell.construct",
-        "Cell.parameters_and_names", "Cell.cells_and_names")
+        "Cell.parameters_and_names", "Cell.cells_and_names", "LeakyReLU", "ELU", "Mish",
+        "Identity")
 ] + [("mindspore.nn.utils", "no_init_parameters"), ("mindspore.mint.optim", "AdamW")] + [
     ("mindspore.ops", n) for n in (
         "MatMul", "BatchMatMul", "Add", "Sub", "Mul", "RealDiv", "ReLU", "GeLU", "Softmax",
         "LogSoftmax", "Reshape", "Transpose", "ReduceSum", "ReduceMean", "ReduceMax", "Gather",
         "OneHot", "Concat", "Split", "Cast", "LayerNorm", "Exp", "Sqrt", "Log", "Neg", "Print",
         "BiasAdd", "Flatten", "Tanh", "Sigmoid", "sigmoid", "silu",
-        "SparseSoftmaxCrossEntropyWithLogits", "Dropout", "Primitive.shard")
+        "SparseSoftmaxCrossEntropyWithLogits", "Dropout", "Primitive.shard", "ExpandDims",
+        "expand_dims", "unsqueeze", "Squeeze", "squeeze", "Square", "square", "Abs", "abs",
+        "Maximum", "maximum", "Minimum", "minimum", "Rsqrt", "rsqrt", "Pow", "pow", "Elu", "elu",
+        "Softplus", "softplus", "Mish", "mish", "leaky_relu")
 ] + [
     ("mindspore.common.initializer", n) for n in (
         "initializer", "HeUniform", "Normal", "TruncatedNormal", "Zero", "One", "XavierUniform",

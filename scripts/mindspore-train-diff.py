@@ -7,7 +7,7 @@ Usage (any Python with numpy drives; each side runs in its own venv)::
     python3 scripts/mindspore-train-diff.py [--cases N] [--seed S] [--dp-every K]
         [--ms-python /tmp/ms-venv/bin/python] [--tessera-python /tmp/py-venv-h/bin/python]
         [--msrun /tmp/ms-venv/bin/msrun] [--work DIR] [--only I,J,..] [--no-dp]
-        [--rtol R] [--atol A] [--fixture NAME:I] [--two-rounds]
+        [--rtol R] [--atol A] [--fixture NAME:I] [--two-rounds] [--three-rounds]
 
 Case *i* (seed ``S + i``) draws a small network — 1-3 ``Dense`` layers (with or without bias,
 activations ``relu``/``tanh``/``gelu``/none), an optional ``LayerNorm`` and a ``Dropout(p=0)``
@@ -29,9 +29,12 @@ the constant 3), and ``Model.eval`` (``acc``, ``loss``) of the trained network i
 another size (the remainder dropped). A third round (``extend_case_sigmoid``, its own generator
 again) gives some hidden ``Dense`` layers without an activation ``activation="sigmoid"`` or
 ``"silu"`` and inserts stand-alone ``nn.Sigmoid``/``nn.SiLU`` Cells (``--two-rounds`` leaves it
-out: the cases as drawn before it, those of the fixtures written then). Both sides build the
-same network from the same numpy values and train it; per-step losses, final weights and the
-metrics are compared with ``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the
+out: the cases as drawn before it, those of the fixtures written then). A fourth round
+(``extend_case_moreops``, its own generator; ``--three-rounds`` leaves it out) inserts
+stand-alone ``nn.LeakyReLU(alpha)``/``nn.ELU``/``nn.Mish`` Cells and Cells applying
+``ops.softplus``/``abs``/``square``/``maximum``/``minimum`` (of a constant)/``pow(x, 3)``.
+Both sides build the same network from the same numpy values and train it; per-step losses,
+final weights and the metrics are compared with ``--rtol`` (default 2e-4) / ``--atol`` (default 1e-5 times the
 tensor's scale).
 
 Every ``--dp-every``-th case (default 3) also runs in ``data_parallel`` on 2 ranks: MindSpore
@@ -80,7 +83,7 @@ ROOT = os.path.dirname(HERE)
 # ---------------------------------------------------------------------------------------------
 
 
-def gen_case(seed: int, dp: bool, third_round: bool = True) -> dict:
+def gen_case(seed: int, dp: bool, third_round: bool = True, fourth_round: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     loss = str(rng.choice(["sce_sparse", "sce_dense", "ce", "mse"], p=[0.4, 0.05, 0.2, 0.35]))
     # Tessera's cross-entropy losses take reduction "mean" only: "sum" is drawn rarely, to check
@@ -168,6 +171,8 @@ def gen_case(seed: int, dp: bool, third_round: bool = True) -> dict:
     extend_case(case)
     if third_round:
         extend_case_sigmoid(case)
+        if fourth_round:
+            extend_case_moreops(case)
     return case
 
 
@@ -229,6 +234,29 @@ def extend_case_sigmoid(case: dict) -> None:
     case["layers"] = layers
 
 
+def extend_case_moreops(case: dict) -> None:
+    """The fourth round's draws, from their own generator again: after some hidden ``Dense``
+    layers a stand-alone ``nn.LeakyReLU(alpha)``, ``nn.ELU()``, ``nn.Mish()`` or a Cell applying
+    ``ops.softplus``, ``ops.abs``, ``ops.square``, ``ops.maximum(x, c)``/``ops.minimum(x, c)``
+    (``c`` a constant tensor of shape ``()``) or ``ops.pow(x, 3)``."""
+    rng = np.random.default_rng(case["seed"] + 40_000_000)
+    dense = [i for i, l in enumerate(case["layers"]) if l["kind"] == "dense"]
+    layers = []
+    for i, l in enumerate(case["layers"]):
+        layers.append(l)
+        if l["kind"] != "dense" or i == dense[-1] or rng.random() >= 0.35:
+            continue
+        act = str(rng.choice(["leaky_relu", "elu", "mish", "softplus", "abs", "square",
+                              "maximum", "minimum", "pow3"]))
+        extra = {"kind": "act", "act": act}
+        if act == "leaky_relu":
+            extra["alpha"] = float(rng.choice([0.01, 0.2, -0.5, 1.5]))
+        if act in ("maximum", "minimum"):
+            extra["c"] = float(np.round(rng.normal(0, 0.5), 2))
+        layers.append(extra)
+    case["layers"] = layers
+
+
 def gen_arrays(case: dict) -> dict:
     rng = np.random.default_rng(case["seed"] + 10_000_000)
     arrays = {}
@@ -283,6 +311,8 @@ def build(m, case, arrays):
                     cell = nn.Embedding(l["vocab"], l["dim"], use_one_hot=l["one_hot"],
                                         embedding_table=m.Tensor(
                                             arrays[f"{name}.embedding_table"]))
+                elif l["kind"] == "act" and l["act"] in OP_ACTS:
+                    cell = op_act(m, l)
                 elif l["kind"] == "act":
                     cell = {"relu": nn.ReLU, "tanh": nn.Tanh, "softmax": nn.Softmax,
                             "sigmoid": nn.Sigmoid, "silu": nn.SiLU,
@@ -311,6 +341,45 @@ def build(m, case, arrays):
     else:
         loss = nn.MSELoss(reduction=red)
     return net, loss
+
+
+OP_ACTS = ("leaky_relu", "elu", "mish", "softplus", "abs", "square", "maximum", "minimum",
+           "pow3")
+
+
+def op_act(m, l):
+    """The fourth round's activation ``l`` (see ``extend_case_moreops``) as a Cell of ``m``."""
+    nn, ops = m.nn, m.ops
+    if l["act"] == "leaky_relu":
+        return nn.LeakyReLU(l["alpha"])
+    if l["act"] == "elu":
+        return nn.ELU()
+    if l["act"] == "mish":
+        return nn.Mish()
+    kind = l["act"]
+    # MindSpore's constant is a Tensor attribute; Tessera's a Python number (its ops take traced
+    # tensors, Parameters and Python scalars).
+    c = m.Tensor(np.float32(l.get("c", 0.0))) if m.__name__ == "mindspore" else l.get("c", 0.0)
+
+    class OpAct(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.kind, self.c = kind, c
+
+        def construct(self, x):
+            if self.kind == "softplus":
+                return ops.softplus(x)
+            if self.kind == "abs":
+                return ops.abs(x)
+            if self.kind == "square":
+                return ops.square(x)
+            if self.kind == "maximum":
+                return ops.maximum(x, self.c)
+            if self.kind == "minimum":
+                return ops.minimum(x, self.c)
+            return ops.pow(x, 3)
+
+    return OpAct()
 
 
 def squares_loss(m, red, div=None):
@@ -633,6 +702,7 @@ def main():
     ap.add_argument("--fixture", action="append", default=[])
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--two-rounds", action="store_true")
+    ap.add_argument("--three-rounds", action="store_true")
     a = ap.parse_args()
     if a.side:
         side_main(a.side, *a.args)
@@ -646,7 +716,8 @@ def main():
     cases = []
     for i in only:
         dp = not a.no_dp and a.dp_every > 0 and i % a.dp_every == 0
-        c = gen_case(a.seed + i, dp, third_round=not a.two_rounds)
+        c = gen_case(a.seed + i, dp, third_round=not a.two_rounds,
+                     fourth_round=not a.three_rounds)
         c["index"] = i
         if dp and c["batch"] % 2:
             c["batch"] += 1

@@ -82,6 +82,7 @@ pub const OPS: &[&str] = &[
     "fill(shape, value)",
     "triu(shape, diagonal)",
     "masked_fill(value)",
+    "where",
     "sparse_softmax_cross_entropy",
 ];
 
@@ -211,7 +212,7 @@ fn arity(kind: &str) -> Option<usize> {
         | "embedding"
         | "masked_fill"
         | "sparse_softmax_cross_entropy" => 2,
-        "layer_norm" => 3,
+        "layer_norm" | "where" => 3,
         "concat" => return None,
         _ => 1,
     })
@@ -259,6 +260,7 @@ impl NetworkBuilder {
             "bias_add" => one(b.bias_add(name, v[0], v[1])),
             "embedding" => one(b.embedding(name, v[0], v[1])),
             "masked_fill" => one(b.masked_fill(name, v[0], v[1], attrs.need("value")?)),
+            "where" => one(b.select(name, v[0], v[1], v[2])),
             "sparse_softmax_cross_entropy" => one(b.sparse_softmax_cross_entropy(name, v[0], v[1])),
             "relu" => one(b.relu(name, v[0])),
             "tanh" => one(b.tanh(name, v[0])),

@@ -190,6 +190,54 @@ class Tensor:
         self._unsupported("control flow on a tensor (bool of a traced tensor)",
                           "construct is traced once; a traced tensor has no value")
 
+    # MindSpore's Tensor methods used in construct (each applies a tessera.ops primitive).
+
+    def reshape(self, *shape):
+        """``ops.reshape``: ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+        from . import ops
+        return ops.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes):
+        """``ops.transpose``: ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``; no axes reverses
+        the dims."""
+        from . import ops
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return ops.transpose(self, axes or tuple(reversed(range(self.ndim))))
+
+    def expand_dims(self, axis):
+        """``ops.expand_dims``."""
+        from . import ops
+        return ops.expand_dims(self, axis)
+
+    def squeeze(self, axis=None):
+        """``ops.squeeze``."""
+        from . import ops
+        return ops.squeeze(self, axis)
+
+    def sum(self, axis=None, dtype=None, keepdims=False, initial=None):
+        """``ops.ReduceSum(keepdims)`` over ``axis`` (every axis when None); ``dtype`` and
+        ``initial`` other than None are not supported."""
+        from . import ops
+        if dtype is not None or initial is not None:
+            self._unsupported("Tensor.sum", "dtype and initial are not supported (None only)")
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keep_dims=False):
+        """``ops.ReduceMean(keep_dims)`` over ``axis`` (every axis when None)."""
+        from . import ops
+        return ops.mean(self, axis, keep_dims)
+
+    def __pow__(self, exponent):
+        """``ops.Pow`` with a Python-number exponent."""
+        from . import ops
+        return ops.pow(self, exponent)
+
+    def __abs__(self):
+        """``ops.Abs``."""
+        from . import ops
+        return ops.abs(self)
+
 
 class Unavailable:
     """An output MindSpore's primitive has but the engine's op does not compute (``LayerNorm``'s

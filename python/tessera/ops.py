@@ -26,7 +26,20 @@ which only ``y`` may be used), ``Dropout(keep_prob, Seed0, Seed1)`` (returns ``(
 ``y`` usable; the seed is the site's number in tracing order unless ``Seed0``/``Seed1`` are set),
 ``MaskedFill()(x, mask, value)``, ``Triu(diagonal)`` (of ``ops.ones(shape)``: a constant mask),
 ``StopGradient``, ``Reshape``, ``Flatten``, ``Transpose``,
-``SparseSoftmaxCrossEntropyWithLogits``.
+``SparseSoftmaxCrossEntropyWithLogits``, ``ExpandDims()(x, axis)`` and ``Squeeze(axis=())``
+(``Reshape`` nodes).
+
+Composites (one primitive, several nodes of the engine's ops, each node named
+``<name>.<part>`` but the result ``<name>``; ``.shard(in_strategy)`` applies to every node but
+the constants): ``Square`` (``x * x``), ``Abs`` (``relu(x) + relu(-x)``), ``Rsqrt``
+(``1 / √x``), ``Maximum``/``Minimum`` (broadcasting, a Python scalar allowed; two ``Select``
+nodes, exact, the gradient split evenly at a tie as MindSpore's), ``Pow()(x, exponent)`` (a
+Python-number exponent), ``Elu(alpha)``, ``Softplus`` (the stable form), ``Mish``, and the
+Tessera addition ``LeakyReLU(alpha)`` (behind ``nn.LeakyReLU`` and ``ops.leaky_relu``;
+MindSpore 2.10 has no ``ops.LeakyReLU``). Each has MindSpore's gradient, at the kinks too
+(``abs`` 0 at 0, ``leaky_relu`` ``(1 + alpha)/2`` at 0, ``elu`` ``alpha`` at 0, ``softplus``
+½ at 0); see each class for its nodes and docs/MINDSPORE_DIFFERENCES.md (difference 18) for
+the rounding that differs.
 
 Fused as MindSpore's graph compiler fuses them: ``Softmax`` of ``x * c`` (``c`` a positive Python
 scalar) is one ``ScaledSoftmax`` node ``softmax(c·x)``, named after the ``Softmax``.
@@ -35,12 +48,19 @@ Functional forms: ``matmul``, ``bmm``, ``add``, ``sub``, ``mul``, ``div``, ``neg
 ``tanh``, ``sigmoid``, ``silu``, ``gelu``, ``exp``, ``log``, ``sqrt``, ``softmax``,
 ``log_softmax``, ``sum``, ``mean``, ``amax``, ``gather``, ``one_hot``, ``concat``/``cat``,
 ``split``, ``cast``, ``dropout``, ``masked_fill``, ``triu``, ``ones``, ``zeros``, ``reshape``,
-``transpose``, ``stop_gradient``.
+``transpose``, ``stop_gradient``, ``square``, ``abs``, ``rsqrt``, ``maximum``, ``minimum``,
+``pow``, ``leaky_relu``, ``elu``, ``softplus(input, beta=1, threshold=20)``, ``mish``,
+``expand_dims``/``unsqueeze``, ``squeeze``.
+
+Traced tensors take ``+ - * / @ **`` (a Python-number exponent), unary ``-``, ``abs()`` and the
+methods ``reshape``, ``transpose``, ``expand_dims``, ``squeeze``, ``sum``, ``mean`` and the
+attributes ``shape``, ``dtype``, ``ndim``.
 
 ``Print()(*args)`` prints its strings and tensors each time the step runs (one ``Print`` node per
 tensor; see the class).
 """
 
+import builtins
 import math
 import numbers
 
@@ -49,17 +69,19 @@ from ._trace import Tensor, Unavailable, UnsupportedOpError
 from .common import dtype as mstype
 
 __all__ = [
-    "Add", "BatchMatMul", "BiasAdd", "Cast", "Concat", "Dropout", "Exp", "Flatten", "Gather",
-    "GeLU", "LayerNorm", "Log", "LogSoftmax", "MaskedFill", "MatMul", "Mul", "Neg", "OneHot",
-    "Primitive", "Print", "RealDiv", "ReduceMax", "ReduceMean", "ReduceSum", "ReLU", "Reshape",
-    "SiLU", "Sigmoid", "Softmax", "SparseSoftmaxCrossEntropyWithLogits", "Split", "Sqrt",
-    "StopGradient", "Sub",
-    "Tanh", "Tensor", "Transpose", "Triu", "UnsupportedOpError",
-    "add", "amax", "bmm", "cast", "cat", "concat", "div", "dropout", "exp", "gather", "gelu",
-    "log", "log_softmax", "masked_fill", "matmul", "mean", "mul", "neg", "one_hot", "ones",
-    "relu", "reshape", "sigmoid", "silu", "softmax", "split", "sqrt", "stop_gradient", "sub",
-    "sum", "tanh",
-    "transpose", "triu", "zeros",
+    "Abs", "Add", "BatchMatMul", "BiasAdd", "Cast", "Concat", "Dropout", "Elu", "Exp",
+    "ExpandDims", "Flatten", "Gather", "GeLU", "LayerNorm", "LeakyReLU", "Log", "LogSoftmax",
+    "MaskedFill", "MatMul", "Maximum", "Minimum", "Mish", "Mul", "Neg", "OneHot", "Pow",
+    "Primitive", "Print", "ReLU", "RealDiv", "ReduceMax", "ReduceMean", "ReduceSum", "Reshape",
+    "Rsqrt", "SiLU", "Sigmoid", "Softmax", "Softplus", "SparseSoftmaxCrossEntropyWithLogits",
+    "Split", "Sqrt", "Square", "Squeeze", "StopGradient", "Sub", "Tanh", "Tensor", "Transpose",
+    "Triu", "UnsupportedOpError",
+    "abs", "add", "amax", "bmm", "cast", "cat", "concat", "div", "dropout", "elu", "exp",
+    "expand_dims", "gather", "gelu", "leaky_relu", "log", "log_softmax", "masked_fill",
+    "matmul", "maximum", "mean", "minimum", "mish", "mul", "neg", "one_hot", "ones", "pow",
+    "relu", "reshape", "rsqrt", "sigmoid", "silu", "softmax", "softplus", "split", "sqrt",
+    "square", "squeeze", "stop_gradient", "sub", "sum", "tanh", "transpose", "triu",
+    "unsqueeze", "zeros",
 ]
 
 
@@ -968,3 +990,504 @@ def transpose(input, input_perm):
 def stop_gradient(value):
     """``StopGradient()(value)``."""
     return StopGradient()(value)
+
+
+# Composite primitives: one MindSpore primitive as several nodes of the engine's ops, each exact
+# or numerically safe, with MindSpore's gradient (also at ties and kinks: see each class).
+
+
+def _broadcast_shape(prim, a, b):
+    """NumPy's broadcast of shapes ``a`` and ``b`` (an error naming the op when they do not
+    broadcast)."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else 1
+        db = b[-i] if i <= len(b) else 1
+        if da != db and 1 not in (da, db):
+            prim._fail(f"the shapes {tuple(a)} and {tuple(b)} do not broadcast")
+        out.append(db if da == 1 else da)
+    return tuple(reversed(out))
+
+
+class _Nodes:
+    """Adds a composite's nodes: ``<name>.<part>`` (the last, the result, is ``<name>``). When
+    the primitive has a strategy, every node gets one: an operand that is one of the primitive's
+    inputs gets that input's entry, a scalar constant ``()``, any other value (of the output's
+    shape) the output's entry ``out``."""
+
+    def __init__(self, trace, name, inputs, strategy, out_entry):
+        self.trace, self.name = trace, name
+        self.ins, self.outs = strategy if strategy is not None else (None, None)
+        self.entries = {} if self.ins is None else {t.id: s for t, s in zip(inputs, self.ins)}
+        self.by_shape = {} if self.ins is None else {t.shape: s for t, s in zip(inputs, self.ins)}
+        self.out_entry = out_entry
+
+    def _entry(self, t):
+        """An operand's strategy entry: its input's, ``()`` for a scalar, else the output's
+        (or, for a value of an input's shape that is not the output's, that input's)."""
+        if t.id in self.entries:
+            return self.entries[t.id]
+        if t.shape == ():
+            return ()
+        return self.out_entry if self.out_shape == t.shape else self.by_shape[t.shape]
+
+    def add(self, kind, inputs, part=None, **attrs):
+        """Adds node ``<name>.<part>`` (``<name>`` when ``part`` is None) of op ``kind``."""
+        node = self.name if part is None else self.trace.unique(f"{self.name}.{part}")
+        if self.ins is not None:
+            strategy = tuple(self._entry(t) for t in inputs)
+            self.trace.strategies[node] = (strategy, self.outs if part is None else None)
+        return self.trace.add(kind, node, inputs, **attrs)[0]
+
+    def const(self, value, part="value"):
+        """A scalar constant node ``<name>.<part>``."""
+        return self.trace.constant(self.trace.unique(f"{self.name}.{part}"), value)
+
+    def relu_parts(self, x):
+        """``(relu(x), relu(-x))``: nonzero exactly where ``x > 0`` and ``x < 0`` (``-x`` is
+        kept as ``last_neg``)."""
+        pos = self.add("relu", [x], "pos")
+        self.last_neg = self.add("neg", [x], "neg")
+        return pos, self.add("relu", [self.last_neg], "negpart")
+
+
+class _Composite(Primitive):
+    """A primitive emitted as several nodes (``_build`` adds them with a ``_Nodes``). A strategy
+    ``.shard(in_strategy)`` applies to every node (see ``_Nodes``)."""
+
+    def _out_entry(self, tensors):
+        """The strategy entry of the output: the first input's (elementwise ops)."""
+        return self.in_strategy[0] if self.in_strategy else None
+
+    def _emit(self, trace, name, tensors, attrs):
+        strategy = trace.strategies.pop(name, None)
+        nodes = _Nodes(trace, name, tensors, strategy,
+                       self._out_entry(tensors) if strategy is not None else None)
+        nodes.out_shape = _broadcast_shape(self, *(t.shape for t in tensors)) \
+            if len(tensors) == 2 else tensors[0].shape
+        return [self._build(nodes, *tensors, **attrs)]
+
+
+class Square(_Composite):
+    """``x * x``: one ``Mul`` node ``<name>`` (gradient ``2·x·dy``)."""
+
+    default_name = "square"
+
+    def _build(self, n, x):
+        return n.add("mul", [x, x])
+
+
+class Abs(_Composite):
+    """``|x|``, exact: ``x`` where ``x > 0``, ``-x`` where ``x < 0``, else ``x·0`` (0 at 0, NaN
+    for NaN: ``relu(x) + relu(-x)`` would make NaN 0). Nodes ``<name>.pos``, ``<name>.neg``,
+    ``<name>.negpart`` (the conditions), ``<name>.zero`` (with its constant), ``<name>.inner``
+    and ``<name>`` (``Select`` nodes). Gradient ``sign(x)·dy``, 0 at ``x = 0`` (as MindSpore's
+    ``AbsGrad``)."""
+
+    default_name = "abs"
+
+    def _build(self, n, x):
+        pos, negpart = n.relu_parts(x)
+        neg = n.last_neg
+        zero = n.add("mul", [x, n.const(0.0, "zero_value")], "zero")
+        return n.add("where", [pos, x, n.add("where", [negpart, neg, zero], "inner")])
+
+
+class Rsqrt(_Composite):
+    """``1 / √x``: nodes ``<name>.sqrt``, ``<name>.value`` (the constant 1) and the ``RealDiv``
+    ``<name>`` (gradient ``-dy / (2·x·√x)``, as MindSpore's ``-dy·y³/2`` up to rounding)."""
+
+    default_name = "rsqrt"
+
+    def _build(self, n, x):
+        return n.add("div", [n.const(1.0), n.add("sqrt", [x], "sqrt")])
+
+
+class _MaxMin(_Composite):
+    """``Maximum``/``Minimum`` (broadcasting; a Python scalar operand is a constant), exact, with
+    MindSpore's gradient: all of ``dy`` to the operand chosen, half to each at a tie. Nodes:
+    ``<name>.sub`` (``x - y``), ``<name>.pos``/``<name>.neg``/``<name>.negpart`` (``relu`` of
+    ``±(x - y)``: where ``x > y`` and ``x < y``), ``<name>.half_x``, ``<name>.half_y`` and
+    ``<name>.mid`` (``x/2 + y/2``, the value at ties, where it is exact), ``<name>.broadcast_x``/
+    ``_y`` (a tensor operand of another shape than the output's times the constant of ones
+    ``<name>.ones_x``/``_y``), ``<name>.inner`` and ``<name>`` (``Select`` nodes; with a scalar
+    ``y`` the inner one is a ``MaskedFill``). A strategy gives one entry per tensor operand
+    (``()`` for a scalar); it applies to every node but the constants (the output's split per
+    dim is the operands' split of that dim)."""
+
+    arity, scalars, larger = 2, True, True
+
+    def __call__(self, x, y):
+        if _is_scalar(x) and not _is_scalar(y):
+            x, y = y, x  # symmetric (ties split evenly), the tensor first
+        return super().__call__(x, y)
+
+    def _out_entry(self, tensors):
+        x, y = tensors
+        shape = _broadcast_shape(self, x.shape, y.shape)
+        sx, sy = self.in_strategy
+        if hasattr(sx, "_tensor_map") or hasattr(sy, "_tensor_map"):
+            if x.shape == shape:
+                return sx
+            if y.shape == shape:
+                return sy
+            self._fail("a Layout strategy needs an operand of the output's shape; give split "
+                       "factors", UnsupportedOpError)
+        out = []
+        for i in range(1, len(shape) + 1):
+            split = 1
+            for t, s in ((x, sx), (y, sy)):
+                if i <= len(t.shape) and t.shape[-i] == shape[-i]:
+                    split = max(split, s[-i])
+            out.append(split)
+        return tuple(reversed(out))
+
+    def _build(self, n, x, y):
+        scalar = y.shape == () and self._scalar_y
+        shape = _broadcast_shape(self, x.shape, y.shape)
+        big, small = n.relu_parts(n.add("sub", [x, y], "sub"))
+        if not self.larger:
+            big, small = small, big
+        # big: nonzero where x is chosen; small: where y is.
+        half = n.const(0.5, "half")
+        mid = n.add("add", [n.add("mul", [x, half], "half_x"), n.add("mul", [y, half], "half_y")],
+                    "mid")
+        if scalar:
+            inner = n.add("masked_fill", [mid, small], "inner", value=self._scalar_y[0])
+        else:
+            inner = n.add("where", [small, self._full(n, y, shape, "broadcast_y"), mid], "inner")
+        return n.add("where", [big, self._full(n, x, shape, "broadcast_x"), inner])
+
+    @staticmethod
+    def _full(n, t, shape, part):
+        """``t`` broadcast to ``shape``: ``t`` times a constant of ones (exact; the engine
+        places no forward ``BroadcastTo`` under a strategy)."""
+        if t.shape == shape:
+            return t
+        ones = n.trace.add("fill", n.trace.unique(f"{n.name}.ones_{part[-1]}"), [],
+                           shape=list(shape), value=1.0)[0]
+        return n.add("mul", [t, ones], part)
+
+    _scalar_y = None
+
+    def _operands(self, name, inputs):
+        x, y = inputs
+        self._scalar_y = (float(y),) if _is_scalar(y) and not _is_scalar(x) else None
+        return super()._operands(name, inputs)
+
+
+class Maximum(_MaxMin):
+    """``max(x, y)`` elementwise (see ``_MaxMin`` for the nodes and the gradient)."""
+
+    default_name = "maximum"
+
+
+class Minimum(_MaxMin):
+    """``min(x, y)`` elementwise (see ``_MaxMin`` for the nodes and the gradient)."""
+
+    default_name, larger = "minimum", False
+
+
+def _real(prim, what, value):
+    """``value``, a finite Python number, as a float (an error naming ``what`` otherwise)."""
+    if not _is_scalar(value) or not math.isfinite(value):
+        prim._fail(f"{what} must be a finite Python number, got {value!r}", TypeError)
+    return float(value)
+
+
+class LeakyReLU(_Composite):
+    """Leaky ReLU (MindSpore's ``nn.LeakyReLU(alpha)``/``ops.leaky_relu``, a Tessera primitive):
+    ``x`` where ``x > 0``, ``alpha·x`` where ``x < 0``, exact. Gradient 1 and ``alpha``, and
+    ``(1 + alpha)/2`` at ``x = 0`` (MindSpore computes it as ``Maximum(alpha·x, x)``, or
+    ``Minimum`` for ``alpha > 1``, whose tie at 0 splits the gradient). Nodes ``<name>.pos``,
+    ``<name>.neg``, ``<name>.negpart``, ``<name>.scaled`` (``alpha·x``), ``<name>.mid`` (``x·(1 +
+    alpha)/2``, the value 0 at 0) with their constants, ``<name>.inner`` and ``<name>`` (both
+    ``Select``)."""
+
+    default_name = "leaky_relu"
+
+    def __init__(self, alpha=0.2):
+        super().__init__()
+        self.alpha = _real(self, "alpha", alpha)
+
+    def _build(self, n, x):
+        pos, neg = n.relu_parts(x)
+        scaled = n.add("mul", [x, n.const(self.alpha, "alpha")], "scaled")
+        mid = n.add("mul", [x, n.const((1 + self.alpha) / 2, "half")], "mid")
+        return n.add("where", [pos, x, n.add("where", [neg, scaled, mid], "inner")])
+
+
+class Elu(_Composite):
+    """ELU (MindSpore's ``ops.Elu(alpha=1.0)``, ``nn.ELU``, ``ops.elu``): ``x`` where ``x > 0``,
+    ``alpha·(e^x - 1)`` elsewhere, as ``relu(x) + alpha·(exp(min(x, 0)) - 1)`` (exact but for
+    ``e^x - 1``, which loses the digits of ``x`` below about 1e-7 near 0: MindSpore's is
+    ``expm1``). Gradient 1 where ``x > 0``, ``alpha·e^x`` elsewhere (``alpha`` at 0, as
+    MindSpore's ``EluGrad``). Nodes ``<name>.pos``, ``<name>.min`` (``min(x, 0)``, a
+    ``MaskedFill`` of ``x`` with 0 where ``x > 0``: exact, and ``+inf`` stays finite there),
+    ``<name>.exp``, ``<name>.expm1`` (with the constant ``<name>.one``), ``<name>.scaled``
+    (``alpha ≠ 1``, constant ``<name>.alpha``) and the ``Add`` ``<name>``."""
+
+    default_name = "elu"
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.alpha = _real(self, "alpha", alpha)
+
+    def _build(self, n, x):
+        pos = n.add("relu", [x], "pos")
+        low = n.add("masked_fill", [x, pos], "min", value=0.0)
+        em1 = n.add("sub", [n.add("exp", [low], "exp"), n.const(1.0, "one")], "expm1")
+        if self.alpha != 1.0:
+            em1 = n.add("mul", [em1, n.const(self.alpha, "alpha")], "scaled")
+        return n.add("add", [pos, em1])
+
+
+def _softplus(n, x, beta=1.0, threshold=None):
+    """Adds softplus ``log(1 + e^(beta·x)) / beta`` in the stable form ``(b + |b|)/2 + log(1 +
+    e^-|b|)`` (``b = beta·x``; gradient ``sigmoid(b)``, ½ at 0 as MindSpore's), and ``x`` where
+    ``b > threshold`` (unless ``threshold`` is None); the result is node ``<name>``."""
+    b = x if beta == 1.0 else n.add("mul", [x, n.const(beta, "beta")], "scaled")
+    pos, neg = n.relu_parts(b)
+    mag = n.add("add", [pos, neg], "abs")
+    half = n.const(0.5, "half")
+    plus = n.add("add", [n.add("mul", [b, half], "half_x"), n.add("mul", [mag, half], "half_abs")],
+                 "relu")
+    tail = n.add("exp", [n.add("neg", [mag], "negabs")], "exp")
+    tail = n.add("log", [n.add("add", [tail, n.const(1.0, "one")], "exp1")], "log")
+    parts = [plus, tail]
+    if beta != 1.0:
+        parts = [n.add("add", parts, "sum"), n.const(beta, "beta_div")]
+        if threshold is None:
+            return n.add("div", parts)
+        sp = n.add("div", parts, "div")
+    elif threshold is None:
+        return n.add("add", parts)
+    else:
+        sp = n.add("add", parts, "sum")
+    above = n.add("relu", [n.add("sub", [b, n.const(threshold, "threshold")], "over")], "above")
+    return n.add("where", [above, x, sp])
+
+
+class Softplus(_Composite):
+    """Softplus ``log(1 + e^x)`` (MindSpore's ``ops.Softplus()``) in the stable form ``(x +
+    |x|)/2 + log(1 + e^-|x|)``: nodes ``<name>.pos``, ``<name>.neg``, ``<name>.negpart``,
+    ``<name>.abs``, ``<name>.half_x``, ``<name>.half_abs``, ``<name>.relu``, ``<name>.negabs``,
+    ``<name>.exp``, ``<name>.exp1``, ``<name>.log`` (with constants) and the ``Add`` ``<name>``.
+    Gradient ``sigmoid(x)`` (½ at 0, as MindSpore's). ``ops.softplus(x, beta, threshold)`` adds
+    the scaling and ``x`` above the threshold (``<name>.over``, ``<name>.above``, a ``Select``
+    ``<name>``)."""
+
+    default_name = "softplus"
+
+    def __init__(self, *, beta=1.0, threshold=None):
+        super().__init__()
+        self.beta = _real(self, "beta", beta)
+        if self.beta == 0:
+            self._fail("beta must not be 0 (softplus divides by it)")
+        self.threshold = None if threshold is None else _real(self, "threshold", threshold)
+
+    def _build(self, n, x):
+        return _softplus(n, x, self.beta, self.threshold)
+
+
+class Mish(_Composite):
+    """Mish ``x·tanh(softplus(x))`` (MindSpore's ``ops.Mish()``, ``nn.Mish``, ``ops.mish``):
+    ``Softplus``'s nodes (the last named ``<name>.softplus``), ``<name>.tanh`` and the ``Mul``
+    ``<name>``."""
+
+    default_name = "mish"
+
+    def _build(self, n, x):
+        sp = _softplus(_Renamed(n, "softplus"), x)
+        return n.add("mul", [x, n.add("tanh", [sp], "tanh")])
+
+
+class _Renamed:
+    """A ``_Nodes`` whose result node (``part=None``) is ``<name>.<last>`` instead."""
+
+    def __init__(self, nodes, last):
+        self.nodes, self.last = nodes, last
+
+    def add(self, kind, inputs, part=None, **attrs):
+        return self.nodes.add(kind, inputs, self.last if part is None else part, **attrs)
+
+    def __getattr__(self, attr):
+        return getattr(self.nodes, attr)
+
+
+class Pow(_Composite):
+    """``Pow()(x, exponent)`` with ``exponent`` a Python number (a tensor exponent is not
+    supported). ``0``: ones (no gradient), a ``MaskedFill`` ``<name>``; ``1``: ``x``; ``0.5`` and
+    ``-0.5``: ``Sqrt`` (and ``1 / ·``); another integer of at most 64 in magnitude: products of
+    ``x`` by squaring (``<name>.sq1``, ``<name>.mul1`` …; for a negative one ``1 / ·``); any other
+    exponent ``exp(exponent·log x)`` (``<name>.log``, ``<name>.scaled``, ``<name>.exp``), defined
+    for ``x > 0`` (NaN for ``x < 0`` as MindSpore's, but its gradient at ``x = 0`` is NaN where
+    MindSpore's is ``±inf`` or 0). A strategy: ``((s,),)`` or ``((s,), ())``."""
+
+    default_name = "pow"
+
+    def _attrs(self, tensors, args):
+        if len(args) != 1:
+            self._fail("takes (x, exponent)", TypeError)
+        p = args[0]
+        if isinstance(p, (Tensor, Unavailable)) or not _is_scalar(p):
+            self._fail(f"the exponent must be a Python number (a tensor exponent is not "
+                       f"supported), got {type(p).__name__}", UnsupportedOpError)
+        if not math.isfinite(p):
+            self._fail(f"the exponent must be finite, got {p!r}")
+        return {"exponent": float(p)}
+
+    def _record_strategy(self, trace, name, tensors):
+        s = self.in_strategy
+        if s is not None and len(s) == 2 and _dims(s[1]) == 0:
+            self.in_strategy = s[:1]
+            try:
+                return super()._record_strategy(trace, name, tensors)
+            finally:
+                self.in_strategy = s
+        return super()._record_strategy(trace, name, tensors)
+
+    def _build(self, n, x, exponent):
+        p = exponent
+        if p == 0:
+            return n.add("masked_fill", [x, n.const(1.0, "one")], value=1.0)
+        if p == 1:
+            return n.add("reshape", [x], shape=list(x.shape))
+        if builtins.abs(p) == 0.5:
+            root = n.add("sqrt", [x], "sqrt" if p < 0 else None)
+            return root if p > 0 else n.add("div", [n.const(1.0, "one"), root])
+        if p == int(p) and builtins.abs(p) <= 64:
+            result = _power(n, x, int(builtins.abs(p)), p > 0)
+            return result if p > 0 else n.add("div", [n.const(1.0, "one"), result])
+        log = n.add("log", [x], "log")
+        return n.add("exp", [n.add("mul", [log, n.const(p, "exponent")], "scaled")])
+
+
+def _power(n, x, k, final):
+    """``x^k`` (``k >= 2``) by squaring: nodes ``<name>.sq1``, ``<name>.mul2`` …; the last one is
+    ``<name>`` when ``final``."""
+    power, result, i = x, None, 0
+    last_bit = k.bit_length() - 1
+    for bit in range(last_bit + 1):
+        i += 1
+        if bit:
+            done = final and bit == last_bit and result is None
+            power = n.add("mul", [power, power], None if done else f"sq{i}")
+        if k >> bit & 1:
+            if result is None:
+                result = power
+            else:
+                done = final and bit == last_bit
+                result = n.add("mul", [result, power], None if done else f"mul{i}")
+    return result
+
+
+class ExpandDims(Primitive):
+    """``ExpandDims()(x, axis)``: a dim of 1 inserted at ``axis`` (``-ndim-1 <= axis <= ndim``),
+    a ``Reshape`` node."""
+
+    kind, default_name = "reshape", "expand_dims"
+
+    def _attrs(self, tensors, args):
+        if len(args) != 1:
+            self._fail("takes (x, axis)", TypeError)
+        x, axis = tensors[0], args[0]
+        if not isinstance(axis, int) or isinstance(axis, bool) or \
+                not -x.ndim - 1 <= axis <= x.ndim:
+            self._fail(f"axis {axis!r} is out of range for a {x.ndim}-D input (ints in "
+                       f"[{-x.ndim - 1}, {x.ndim}])")
+        shape = list(x.shape)
+        shape.insert(axis % (x.ndim + 1), 1)
+        return {"shape": shape}
+
+
+class Squeeze(Primitive):
+    """``Squeeze(axis=())(x)``: the dims of size 1 at ``axis`` (an int or a tuple; ``()`` every
+    dim of size 1) removed, a ``Reshape`` node. A dim in ``axis`` that is not 1 is an error, as
+    in MindSpore."""
+
+    kind, default_name = "reshape", "squeeze"
+
+    def __init__(self, axis=()):
+        super().__init__()
+        axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+        if any(not isinstance(a, int) or isinstance(a, bool) for a in axes):
+            raise TypeError(f"Squeeze: axis must be an int or a tuple of ints, got {axis!r}")
+        self.axis = tuple(axes)
+
+    def _attrs(self, tensors, args):
+        super()._attrs(tensors, args)
+        x = tensors[0]
+        dims = {_axis(self, a, x.ndim) for a in self.axis} if self.axis else {
+            d for d, size in enumerate(x.shape) if size == 1}
+        for d in sorted(dims):
+            if x.shape[d] != 1:
+                self._fail(f"dim {d} of the input {x.shape} is {x.shape[d]}, not 1: only dims of "
+                           "size 1 are squeezed")
+        return {"shape": [size for d, size in enumerate(x.shape) if d not in dims]}
+
+
+def square(input):
+    """``Square()(input)``: ``input * input``."""
+    return Square()(input)
+
+
+def abs(input):
+    """``Abs()(input)``."""
+    return Abs()(input)
+
+
+def rsqrt(input):
+    """``Rsqrt()(input)``: ``1 / √input``."""
+    return Rsqrt()(input)
+
+
+def maximum(input, other):
+    """``Maximum()(input, other)``."""
+    return Maximum()(input, other)
+
+
+def minimum(input, other):
+    """``Minimum()(input, other)``."""
+    return Minimum()(input, other)
+
+
+def pow(input, exponent):
+    """``Pow()(input, exponent)`` (``exponent`` a Python number)."""
+    return Pow()(input, exponent)
+
+
+def leaky_relu(input, alpha=0.2):
+    """``LeakyReLU(alpha)(input)``."""
+    return LeakyReLU(alpha)(input)
+
+
+def elu(input_x, alpha=1.0):
+    """``Elu(alpha)(input_x)``."""
+    return Elu(alpha)(input_x)
+
+
+def softplus(input, beta=1, threshold=20):
+    """``log(1 + e^(beta·input)) / beta``, and ``input`` where ``beta·input > threshold`` (see
+    ``Softplus``)."""
+    return Softplus(beta=beta, threshold=threshold)(input)
+
+
+def mish(x):
+    """``Mish()(x)``: ``x·tanh(softplus(x))``."""
+    return Mish()(x)
+
+
+def expand_dims(input_x, axis):
+    """``ExpandDims()(input_x, axis)``."""
+    return ExpandDims()(input_x, axis)
+
+
+def unsqueeze(input, dim):
+    """``ExpandDims()(input, dim)``."""
+    return ExpandDims()(input, dim)
+
+
+def squeeze(input, axis=None):
+    """``Squeeze(axis)(input)`` (every dim of size 1 when ``axis`` is None)."""
+    return Squeeze(() if axis is None else axis)(input)

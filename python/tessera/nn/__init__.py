@@ -8,7 +8,7 @@ strategies set with ``.shard`` attach to the right node.
 
 Cells: ``Cell``, ``Dense(in_channels, out_channels, weight_init=None, bias_init=None,
 has_bias=True, activation=None)``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU`` (``x * sigmoid(x)``),
-``GELU(approximate=True)``,
+``GELU(approximate=True)``, ``LeakyReLU(alpha=0.2)``, ``ELU(alpha=1.0)``, ``Mish``, ``Identity``,
 ``Softmax(axis=-1)``, ``Flatten``, ``Dropout(keep_prob=None, p=None)``,
 ``LayerNorm(normalized_shape, begin_norm_axis=-1, begin_params_axis=-1, epsilon=1e-7)``,
 ``Embedding(vocab_size, embedding_size, use_one_hot=False, embedding_table='normal')``,
@@ -28,6 +28,7 @@ learning rates: a number, a list of per-step rates (``warmup_lr``, ``cosine_deca
 from .cell import Cell
 from .layers import (GELU, CellList, Dense, Dropout, Embedding, Flatten, LayerNorm, ReLU,
                      SequentialCell, Sigmoid, SiLU, Softmax, Tanh)
+from .layers import ELU, Identity, LeakyReLU, Mish
 from .loss import CrossEntropyLoss, MSELoss, SoftmaxCrossEntropyWithLogits
 from .metrics import Accuracy, Loss, Metric
 from .optim import SGD, Adam, AdamWeightDecay, Lamb, Momentum, Optimizer
@@ -43,6 +44,7 @@ from ..parallel.nn import GradAccumulation, MicroBatchInterleaved, Pipeline, Pip
 __all__ = [
     "Accuracy", "Loss", "Metric", "Adam", "AdamWeightDecay", "Cell", "Dense", "Flatten", "GELU", "Momentum", "Optimizer",
     "Lamb",
+    "ELU", "Identity", "LeakyReLU", "Mish",
     "ReLU", "SGD", "SequentialCell", "Sigmoid", "SiLU", "SoftmaxCrossEntropyWithLogits", "Tanh",
     "TrainOneStepCell",
     "WithLossCell",

@@ -1,4 +1,5 @@
-"""Layers: activations (``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU``, ``GELU``), ``Softmax``,
+"""Layers: activations (``ReLU``, ``Tanh``, ``Sigmoid``, ``SiLU``, ``GELU``, ``LeakyReLU``,
+``ELU``, ``Mish``), ``Identity``, ``Softmax``,
 ``Flatten``, ``Dense``, ``Dropout``, ``LayerNorm``, ``Embedding``, and the containers
 ``SequentialCell`` and ``CellList``."""
 
@@ -112,7 +113,63 @@ class Flatten(Cell):
         return self.flatten(x)
 
 
-_ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "gelu": GELU, "sigmoid": Sigmoid, "silu": SiLU}
+class LeakyReLU(Cell):
+    """MindSpore's ``nn.LeakyReLU(alpha=0.2)``: ``x`` where ``x > 0``, ``alpha·x`` elsewhere
+    (gradient ``(1 + alpha)/2`` at 0, as MindSpore's); see ``ops.LeakyReLU`` for its nodes,
+    named after the Cell (shard them with ``cell.leaky_relu.shard(...)``)."""
+
+    _single_op = "leaky_relu"
+
+    def __init__(self, alpha=0.2):
+        super().__init__()
+        self.alpha = alpha
+        self.leaky_relu = ops.LeakyReLU(alpha)
+
+    def construct(self, x):
+        return self.leaky_relu(x)
+
+
+class ELU(Cell):
+    """MindSpore's ``nn.ELU(alpha=1.0)``: ``x`` where ``x > 0``, ``alpha·(e^x - 1)`` elsewhere;
+    see ``ops.Elu`` for its nodes, named after the Cell (shard them with
+    ``cell.elu.shard(...)``)."""
+
+    _single_op = "elu"
+
+    def __init__(self, alpha=1.0):
+        super().__init__()
+        self.elu = ops.Elu(alpha)
+
+    def construct(self, x):
+        return self.elu(x)
+
+
+class Mish(Cell):
+    """MindSpore's ``nn.Mish()``: ``x·tanh(softplus(x))``; see ``ops.Mish`` for its nodes,
+    named after the Cell (shard them with ``cell.mish.shard(...)``)."""
+
+    _single_op = "mish"
+
+    def __init__(self):
+        super().__init__()
+        self.mish = ops.Mish()
+
+    def construct(self, x):
+        return self.mish(x)
+
+
+class Identity(Cell):
+    """MindSpore's ``nn.Identity()``: its input itself (no node)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+
+    def construct(self, x):
+        return x
+
+
+_ACTIVATIONS = {"relu": ReLU, "tanh": Tanh, "gelu": GELU, "sigmoid": Sigmoid, "silu": SiLU,
+                "leakyrelu": LeakyReLU, "elu": ELU, "mish": Mish}
 
 
 class Dense(Cell):
