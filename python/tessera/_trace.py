@@ -173,6 +173,16 @@ class Tensor:
         return (ops.MatMul() if self.ndim == 2 and len(other.shape) == 2 else ops.BatchMatMul())(
             self, other)
 
+    def __rmatmul__(self, other):
+        """``other @ self`` (``other`` a Parameter): ``MatMul`` of 2-D operands, else
+        ``BatchMatMul``."""
+        from . import ops
+        from .common.parameter import Parameter
+        if not isinstance(other, Parameter):
+            return NotImplemented
+        return (ops.MatMul() if self.ndim == 2 and len(other.shape) == 2 else ops.BatchMatMul())(
+            other, self)
+
     def __neg__(self):
         """``ops.Neg``."""
         from . import ops

@@ -382,3 +382,23 @@ def test_dense_takes_the_new_activations_by_name():
     for name, cell in [("leakyrelu", nn.LeakyReLU), ("elu", nn.ELU), ("mish", nn.Mish)]:
         dense = nn.Dense(3, 2, activation=name)
         assert isinstance(dense.activation, cell)
+
+
+def test_parameters_take_operators_in_construct():
+    # A Parameter on the left of an operator (`self.w ** 2`, `self.b * 2.0`, `-self.b`,
+    # `self.w @ x`) is the traced tensor there, as MindSpore's Parameter is a Tensor: each
+    # raised TypeError before (Parameter had no operators; a traced tensor no __rmatmul__).
+    x = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    w = np.random.default_rng(6).standard_normal((4, 4)).astype(np.float32)
+    b = np.random.default_rng(7).standard_normal((4,)).astype(np.float32)
+
+    def f(s, x):
+        return (s.w @ x.transpose() + 0).transpose() * (s.b * 2.0) - s.b ** 2 + abs(-s.b) / s.b
+
+    got = forward(f, x, w=w, b=b)
+    close(got, (w @ x.T).T * (b * 2.0) - b ** 2 + np.abs(-b) / b)
+    # Outside construct there is no traced tensor to apply them to.
+    p = tessera.Parameter(w, name="w")
+    with pytest.raises(RuntimeError, match=r"\* of Parameter w: tessera.ops run inside "
+                                           "construct"):
+        p * 2.0

@@ -109,6 +109,32 @@ class Parameter:
     def __repr__(self):
         return f"Parameter(name={self.name}, shape={self.shape}, init={self.init})"
 
+    def _traced(self, op):
+        """This Parameter as the traced tensor of the ``construct`` being traced (added to the
+        graph at first use), for the operator ``op``; outside ``construct`` the error that ops
+        run only there."""
+        from .. import _trace
+        _trace.require(f"{op} of Parameter {self.name}")
+        return _trace.operand(self)
+
+
+def _operator(name, doc):
+    def method(self, *args):
+        return getattr(self._traced(doc), name)(*args)
+    method.__name__ = name
+    method.__doc__ = (f"``{doc}`` in ``construct``: the traced tensor's ``{name}`` (as "
+                      "MindSpore's Parameter, a Tensor there).")
+    return method
+
+
+# In construct a Parameter is a tensor of the traced graph: `self.w * x`, `self.scale * 2.0`,
+# `-self.w`, `self.w ** 2`, `self.w @ x` apply the ops the traced tensor's operators apply.
+for _name, _doc in (("__add__", "+"), ("__radd__", "+"), ("__sub__", "-"), ("__rsub__", "-"),
+                    ("__mul__", "*"), ("__rmul__", "*"), ("__truediv__", "/"),
+                    ("__rtruediv__", "/"), ("__matmul__", "@"), ("__rmatmul__", "@"),
+                    ("__pow__", "**"), ("__neg__", "unary -"), ("__abs__", "abs()")):
+    setattr(Parameter, _name, _operator(_name, _doc))
+
 
 def initial_values(params):
     """The value of each Parameter of ``params``: its own (given, loaded or trained) or, for one
