@@ -2,7 +2,9 @@
 with ``Model.train`` under ``set_context(deterministic="ON")`` on one device and on N = 2, 4 or 8
 ranks — ``semi_auto_parallel`` with random valid ``shard`` strategies (data, model and mixed
 splits), ``data_parallel``, and ``AutoParallel`` in each of its modes — must give bit-identical
-losses and final parameters. A strategy the engine refuses must be refused naming its node.
+losses, final parameters and ``Model.predict`` outputs, with every optimizer (Lamb and Adam's
+``use_amsgrad``/``use_nesterov`` too). A strategy the engine refuses must be refused naming its
+node.
 
 The test runs 60 fixed cases (every way on every device count; well under a minute).
 ``python tests/test_sweep_sharded.py --seed S --cases K [--nondet]`` runs a longer sweep by
@@ -106,7 +108,7 @@ class DenseLayer(Layer):
 
     def __init__(self, rng, shape, out):
         super().__init__(shape)
-        act = rng.choice([None, "relu", "tanh", "gelu"])
+        act = rng.choice([None, "relu", "tanh", "gelu", "sigmoid", "silu"])
         self.dense = nn.Dense(shape[-1], out, has_bias=bool(rng.integers(2)), activation=act)
         self.out_shape = shape[:-1] + (out,)
         self.desc = f"Dense({shape[-1]},{out},bias={self.dense.has_bias},{act})"
@@ -555,13 +557,22 @@ class SweepNet(nn.Cell):
 
 
 def _optimizer(seed, params):
-    kind = seed % 4
+    """Network ``seed``'s optimizer: SGD, Momentum, Adam (plain, ``use_amsgrad`` with its third
+    state ``vhat``, or ``use_nesterov``), AdamWeightDecay or Lamb (whose trust ratio needs each
+    parameter's whole norm across its shards)."""
+    kind = seed % 7
     if kind == 0:
         return nn.SGD(params, learning_rate=0.1)
     if kind == 1:
         return nn.Momentum(params, learning_rate=0.05, momentum=0.9)
     if kind == 2:
         return nn.Adam(params, learning_rate=0.01)
+    if kind == 4:
+        return nn.Lamb(params, learning_rate=0.01, weight_decay=0.01)
+    if kind == 5:
+        return nn.Adam(params, learning_rate=0.01, use_amsgrad=True)
+    if kind == 6:
+        return nn.Adam(params, learning_rate=0.01, use_nesterov=True)
     return nn.AdamWeightDecay(params, learning_rate=0.01, weight_decay=0.01)
 
 
@@ -640,14 +651,15 @@ def train(seed, way, devices, steps=None, deterministic=True, strategy_seed=0, k
 
 
 def compare(seed, way, devices, one, deterministic=True, strategy_seed=0, keep=None):
-    """None when ``way`` on ``devices`` gives ``one``'s losses and parameters (bitwise when
-    ``deterministic``); else what differs. A refused strategy returns ("refused", message)."""
+    """None when ``way`` on ``devices`` gives ``one``'s losses, parameters and ``Model.predict``
+    output (bitwise when ``deterministic``); else what differs. A refused strategy returns
+    ("refused", message)."""
     try:
-        losses, params, _ = train(seed, way, devices, deterministic=deterministic,
-                                  strategy_seed=strategy_seed, keep=keep)
+        losses, params, net = train(seed, way, devices, deterministic=deterministic,
+                                    strategy_seed=strategy_seed, keep=keep)
     except (tessera.ConfigError, ValueError) as e:
         return ("refused", str(e), STRATEGIES.get("last"))
-    ref_losses, ref_params, _ = one
+    ref_losses, ref_params, ref_net = one
     tol = 0 if deterministic else 1e-5
     if losses.shape != ref_losses.shape or np.abs(losses - ref_losses).max() > tol:
         return ("losses", STRATEGIES.get("last"),
@@ -656,7 +668,29 @@ def compare(seed, way, devices, one, deterministic=True, strategy_seed=0, keep=N
         diff = np.abs(params[name] - value).max()
         if not diff <= tol:
             return ("params", STRATEGIES.get("last"), f"{name} differs by {diff}")
+    # ``Model.predict`` of the trained network (whole, on one device, from the Parameters the
+    # sharded run left) must be the one-device network's output.
+    x = _predict_input(ref_net, seed)
+    out, ref_out = (_predict(n, x) for n in (net, ref_net))
+    if out.shape != ref_out.shape or not np.abs(out - ref_out).max() <= tol:
+        return ("predict", STRATEGIES.get("last"), f"{out.tolist()} vs one device's "
+                f"{ref_out.tolist()}")
     return None
+
+
+def _predict_input(net, seed):
+    """A batch of 5 inputs for ``net`` (not a size of the training batches)."""
+    rng = np.random.default_rng(seed + 2)
+    if net.input == "tokens":
+        return rng.integers(0, net.vocab, (5, SEQ)).astype(np.int32)
+    return rng.standard_normal((5,) + net.in_shape[1:]).astype(np.float32)
+
+
+def _predict(net, x):
+    """``Model(net).predict(x)`` as a numpy array."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Model(net).predict(x).asnumpy()
 
 
 # Cases the test runs: (network seed, device count, way), every way on every device count.

@@ -33,16 +33,18 @@ pub fn draw_recompute(rng: &mut Rng, c: &mut Config) {
     }
 }
 
-/// Draws a weight decay for an AdamW `optimizer`, a learning-rate schedule (`cosine` decaying
-/// over `cosine_decay_steps` when given, else over the run) and, in most cases, a gradient
-/// clipping norm (or a bound no step reaches, so the norm is logged) into `c`.
+/// Draws a weight decay for an AdamW, Adam or Lamb `optimizer` (Lamb's enters the update norm
+/// of its trust ratio, which every layout must sum over the whole parameter), a learning-rate
+/// schedule (`cosine` decaying over `cosine_decay_steps` when given, else over the run) and, in
+/// most cases, a gradient clipping norm (or a bound no step reaches, so the norm is logged) into
+/// `c`.
 pub fn draw_schedule(
     rng: &mut Rng,
     c: &mut Config,
     optimizer: &str,
     cosine_decay_steps: Option<usize>,
 ) {
-    if optimizer.ends_with("adamw") && rng.chance(0.5) {
+    if (optimizer.ends_with("adamw") || matches!(optimizer, "adam" | "lamb")) && rng.chance(0.5) {
         c.set("train.weight_decay", "0.1");
     }
     match rng.pick(&[
