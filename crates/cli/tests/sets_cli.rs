@@ -621,3 +621,53 @@ fn merge_stages_cleans_up_after_a_killed_run_and_never_races_over_a_file() {
         );
     }
 }
+
+/// A set converted to MindSpore's `.ckpt` format (`tessera ckpt convert --format ckpt`, or one
+/// MindSpore wrote) resumes as its `.safetensors` original does: resume looked for
+/// `rank_0/checkpoint_0.safetensors` only ("holds no checkpoint"), and read the saved step from
+/// it. On the same layout the resumed run ends bitwise where the uninterrupted one does, and on
+/// another device count where the resume from the original set ends.
+#[test]
+fn a_set_converted_to_ckpt_format_resumes_as_the_original() {
+    let scratch = Scratch::new("resume-ckpt-format");
+    let dir = &scratch.0;
+    let (half, whole, conv) = (dir.join("half"), dir.join("whole"), dir.join("conv"));
+    let mut first = train_cmd(&half, 8);
+    first.args(["--set", "train.max_steps=2"]);
+    assert!(first.status().unwrap().success());
+    assert!(train_cmd(&whole, 8).status().unwrap().success());
+    assert_ok(&tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(&half),
+        "--src-strategy",
+        s(&half.join("strategy.json")),
+        "--dst",
+        s(&conv),
+        "--dst-strategy",
+        s(&half.join("strategy.json")),
+        "--format",
+        "ckpt",
+    ]));
+    assert!(conv.join("rank_7/checkpoint_7.ckpt").is_file());
+    let resume = |from: &Path, out: &Path, devices: usize| {
+        let mut cmd = train_cmd(out, devices);
+        cmd.arg("--set")
+            .arg(format!("output.resume_from=\"{}\"", from.display()))
+            .arg("--set")
+            .arg(format!(
+                "output.resume_strategy=\"{}\"",
+                half.join("strategy.json").display()
+            ));
+        let out = cmd.output().unwrap();
+        assert_ok(&out);
+    };
+    let same = dir.join("same");
+    resume(&conv, &same, 8);
+    assert_ok(&tessera(&["ckpt", "diff", s(&same), s(&whole)]));
+    let (from_ckpt, from_st) = (dir.join("two_ckpt"), dir.join("two_st"));
+    resume(&conv, &from_ckpt, 2);
+    resume(&half, &from_st, 2);
+    assert_ok(&tessera(&["ckpt", "diff", s(&from_ckpt), s(&from_st)]));
+}

@@ -362,12 +362,10 @@ fn check_resume_from(session: &TrainSession) -> Result<Option<u64>, RuntimeError
             "does not exist".to_string()
         }));
     }
-    let rank0 = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
-    if !rank0.is_file() {
-        return Err(bad(format!(
-            "holds no checkpoint (no {})",
-            rank0.strip_prefix(from).unwrap_or(&rank0).display()
-        )));
+    if crate::resume_check::rank0_file(from).is_none() {
+        return Err(bad(
+            "holds no checkpoint (no rank_0/ with a .safetensors or .ckpt file)".to_string(),
+        ));
     }
     let (key, strategy) = match &output.resume_strategy {
         Some(path) => ("output.resume_strategy", path.clone()),

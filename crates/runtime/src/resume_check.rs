@@ -209,13 +209,28 @@ fn brief(value: &Value) -> String {
     }
 }
 
+/// Rank 0's checkpoint file in the set `from`, in either format (`.safetensors`, as training
+/// writes it, or MindSpore's `.ckpt`, as `tessera ckpt convert --format ckpt` and MindSpore
+/// write it), picked as the set's reader picks it ([`ckpt::RankFiles`]); `None` when the set has
+/// none.
+pub(crate) fn rank0_file(from: &Path) -> Option<std::path::PathBuf> {
+    let files = ckpt::RankFiles::discover(from).ok()?;
+    files.files.get(&0).cloned()
+}
+
+/// The step the checkpoint set `from` was saved at: its `global_step` tensor (rank 0's file),
+/// 0 when it has none.
+pub(crate) fn saved_step(from: &Path) -> u64 {
+    rank0_file(from)
+        .and_then(|file| ckpt::CheckpointFile::open(&file).ok())
+        .and_then(|f| f.read_tensor(GLOBAL_STEP).ok())
+        .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
+        .unwrap_or(0)
+}
+
 /// The checkpoint's step leaves steps to train; returns that step.
 fn check_steps_left(session: &TrainSession, from: &Path) -> Result<u64, RuntimeError> {
-    let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
-    let saved_step = ckpt::CheckpointFile::open(&step_file)
-        .and_then(|f| f.read_tensor(GLOBAL_STEP))
-        .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
-        .unwrap_or(0);
+    let saved_step = saved_step(from);
     let planned = session.planned_steps();
     if saved_step < planned {
         return Ok(saved_step);

@@ -396,11 +396,7 @@ impl TrainSession {
             }
             Ok::<(), RuntimeError>(())
         })?;
-        let step_file = ckpt::rank_file_path(from, 0, "checkpoint_", ckpt::Format::Safetensors);
-        let step = ckpt::CheckpointFile::open(&step_file)
-            .and_then(|f| f.read_tensor(GLOBAL_STEP))
-            .map(|t| t.to_f64_vec().first().copied().unwrap_or(0.0) as u64)
-            .unwrap_or(0);
+        let step = crate::resume_check::saved_step(from);
         let state = TrainState::read(from)?;
         optimizer.set_step_count(state.as_ref().map_or(step, |s| s.optimizer_steps));
         Ok((step, masters, state.and_then(|s| s.loss_scale)))
