@@ -11,7 +11,9 @@
 //!   returns the set it saved last.
 //! - [`read_parameters`] reads whole parameters back from such a set (`ckpt::load_rank_tensors`
 //!   with unsplit target layouts), [`forward_network`] runs the traced network forward only on
-//!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`).
+//!   one device ([`graph::Executor`]) with given parameter values (`Model.eval`);
+//!   [`forward_outputs`] feeds several inputs and returns several outputs per batch (an
+//!   `eval_network`'s loss, logits and label).
 //! - [`initial_values`] computes the values a training run starts the traced parameters from
 //!   (their initializers under a seed, as every rank fills its shard), without training.
 
@@ -39,6 +41,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(train_network, m)?)?;
     m.add_function(wrap_pyfunction!(read_parameters, m)?)?;
     m.add_function(wrap_pyfunction!(forward_network, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_outputs, m)?)?;
     m.add_function(wrap_pyfunction!(initial_values, m)?)?;
     Ok(())
 }
@@ -573,6 +576,139 @@ fn forward_network<'py>(
     let array = numpy::ndarray::ArrayD::from_shape_vec(full, out)
         .map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok(array.into_pyarray(py))
+}
+
+/// One output's shape and its values over every batch, in order.
+type ShapedValues = (Vec<usize>, Vec<f32>);
+
+/// The values `outputs` of the network traced into `builder` for every batch of `columns`
+/// (one f32 or i32 array `[samples, ..sample shape]` per graph input of `inputs`, in order),
+/// run forward only on one device by the engine's executor with the parameters set to `params`
+/// (`[(value id, array)]`): the samples cut into batches of the traced batch (the inputs'
+/// first dim), which must divide them (no padding: a batch's loss would change), each output
+/// returned as one array `[batches, ..its shape]` (a scalar loss gives one value per batch).
+/// An input count, a column's shape or an output of another dtype than f32 that does not fit
+/// is a `ValueError` naming it.
+#[pyfunction]
+fn forward_outputs<'py>(
+    py: Python<'py>,
+    builder: &NetworkBuilder,
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+    params: Vec<(usize, PyReadonlyArrayDyn<'py, f32>)>,
+    columns: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Vec<Bound<'py, PyArrayDyn<f32>>>> {
+    if inputs.len() != columns.len() || inputs.is_empty() {
+        return Err(PyValueError::new_err(format!(
+            "{} column(s) for {} graph input(s); one column per input is needed",
+            columns.len(),
+            inputs.len()
+        )));
+    }
+    let graph = builder.builder.clone().finish();
+    let mut fed = Vec::with_capacity(inputs.len());
+    let mut batch = None;
+    let mut samples = None;
+    for (k, (&input, column)) in inputs.iter().zip(&columns).enumerate() {
+        let in_shape = builder
+            .builder
+            .shape(ValueId(input))
+            .map_err(graph_err)?
+            .to_vec();
+        let what = format!("column {k}");
+        let (data, shape) = Column::from_array(column, &what)?;
+        if shape.len() != in_shape.len() || shape.is_empty() || shape[1..] != in_shape[1..] {
+            return Err(PyValueError::new_err(format!(
+                "{what} has shape {shape:?}; the network takes samples of shape {:?}",
+                in_shape.get(1..).unwrap_or(&[])
+            )));
+        }
+        let b = in_shape[0];
+        if *batch.get_or_insert(b) != b || *samples.get_or_insert(shape[0]) != shape[0] {
+            return Err(PyValueError::new_err(format!(
+                "{what} has {} samples in batches of {b}; every column and input must have the \
+                 same",
+                shape[0]
+            )));
+        }
+        fed.push((ValueId(input), data, in_shape));
+    }
+    let (batch, samples) = (batch.unwrap_or(1), samples.unwrap_or(0));
+    if batch == 0 || samples % batch != 0 {
+        return Err(PyValueError::new_err(format!(
+            "{samples} samples do not make whole batches of {batch}"
+        )));
+    }
+    let runs = samples / batch;
+    let mut shapes = Vec::with_capacity(outputs.len());
+    for &output in &outputs {
+        let shape = builder
+            .builder
+            .shape(ValueId(output))
+            .map_err(graph_err)?
+            .to_vec();
+        let total = shape
+            .iter()
+            .try_fold(runs, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "output {output} of {runs} batches of shape {shape:?} has more elements \
+                     than fit in memory"
+                ))
+            })?;
+        let buffer: Vec<f32> = collect_array("an output", total, std::iter::empty())?;
+        shapes.push((shape, buffer));
+    }
+    let mut values = Vec::with_capacity(params.len());
+    for (id, array) in &params {
+        let what = format!("parameter value {id}");
+        let data = collect_array(&what, array.len(), array.as_array().iter().copied())?;
+        let t = Tensor::from_vec(array.shape(), data)
+            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+        values.push((ValueId(*id), t));
+    }
+    let ids: Vec<ValueId> = outputs.iter().map(|&o| ValueId(o)).collect();
+    let result = py.detach(|| -> Result<Vec<ShapedValues>, String> {
+        let mut exec = Executor::with_outputs(&graph, &ids).map_err(|e| e.to_string())?;
+        for (id, t) in &values {
+            let slot = exec.value_mut(*id).map_err(|e| e.to_string())?;
+            if slot.shape() != t.shape() {
+                return Err(format!(
+                    "parameter value {} has shape {:?}; the graph's is {:?}",
+                    id.0,
+                    t.shape(),
+                    slot.shape()
+                ));
+            }
+            *slot = t.clone();
+        }
+        for run in 0..runs {
+            let rows: Vec<usize> = (run * batch..(run + 1) * batch).collect();
+            for (id, data, in_shape) in &fed {
+                let t = data
+                    .rows(&rows, &in_shape[1..])
+                    .map_err(|e| e.to_string())?;
+                exec.set_input(*id, &t).map_err(|e| e.to_string())?;
+            }
+            exec.run().map_err(|e| e.to_string())?;
+            for (id, (_, out)) in ids.iter().zip(shapes.iter_mut()) {
+                let y = exec.value(*id).map_err(|e| e.to_string())?;
+                let y = y.as_f32().map_err(|e| format!("output {}: {e}", id.0))?;
+                out.extend_from_slice(y);
+            }
+        }
+        Ok(shapes)
+    });
+    let shapes = result.map_err(PyValueError::new_err)?;
+    let mut arrays = Vec::with_capacity(shapes.len());
+    for (shape, out) in shapes {
+        let mut full = vec![runs];
+        full.extend_from_slice(&shape);
+        let array = numpy::ndarray::ArrayD::from_shape_vec(full, out)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        arrays.push(array.into_pyarray(py));
+    }
+    Ok(arrays)
 }
 
 /// The values a training run of the network traced into `builder` under `seed` (the config's

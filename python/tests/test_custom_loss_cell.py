@@ -376,3 +376,126 @@ def test_checkpoints_of_an_own_loss_cell_hold_its_parameter_names(tmp_path):
     first = list(model.losses)
     model.train(1, _dataset(x, y))
     assert len(model.losses) == len(first) and model.losses != first
+
+
+def _staged(stage_config, stages=2, strategy=None):
+    """``AutoParallel(Pipeline(cell, 2, stage_config))`` over ``stages`` stages (GPipe)."""
+    def wrap(cell):
+        auto = AutoParallel(Pipeline(cell, 2, stage_config=stage_config))
+        auto.pipeline(stages=stages, scheduler="gpipe")
+        if strategy is not None:
+            auto.save_param_strategy_file(str(strategy))
+        return auto
+    return wrap
+
+
+def test_stage_config_keys_inside_an_own_loss_cells_network(tmp_path):
+    # `self.net`'s cells are named below the loss cell's `net`: the engine cut the layer `net`
+    # at the keys (it refused "net.fc1 matches no layer"), as MindSpore stages cells at any depth.
+    strategy = tmp_path / "strategy.ckpt"
+    staged = _own_loss(2, None, wrap=_staged({"net.fc1": 0, "net.fc2": 1}, strategy=strategy))
+    # Bitwise one device's run, and the same network's WithLossCell pipeline.
+    _same(staged, _own_loss(1, None))
+    _same(staged, _with_loss_fn(2, None, wrap=_staged({"_backbone.fc1": 0, "_backbone.fc2": 1})))
+    # Each cell's parameters on its stage (the strategy file's "<stage>-<name>").
+    saved = strategy.read_bytes()
+    for name in (b"0-net.fc1.weight", b"0-net.fc1.bias", b"1-net.fc2.weight", b"1-net.fc2.bias"):
+        assert name in saved, name
+
+
+class Act(nn.Cell):
+    """An activation cell of two ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.relu = ops.ReLU()
+        self.neg = ops.Neg()
+
+    def construct(self, x):
+        return self.neg(self.relu(x))
+
+
+class SharedAct(nn.Cell):
+    """One activation cell called after fc1 and after fc2."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Dense(FEATURES, HIDDEN)
+        self.act = Act()
+        self.fc2 = nn.Dense(HIDDEN, CLASSES)
+
+    def construct(self, x):
+        return self.act(self.fc2(self.act(self.fc1(x))))
+
+
+def test_hostile_stage_config_keys_inside_an_own_loss_cell_are_refused_naming_them():
+    def train(stage_config, make=lambda: NetWithLoss(Net())):
+        _own_loss(2, None, wrap=_staged(stage_config), make=make)
+
+    with pytest.raises(ValueError, match=r"stage_config names the cell 'net.fc3', which the "
+                                         r"network does not have \(its cells: .*net.fc1"):
+        train({"net.fc1": 0, "net.fc3": 1})
+    with pytest.raises(ValueError, match=r"'net.fc1.matmul'.*does not have"):
+        train({"net.fc1": 0, "net.fc1.matmul": 1})
+    with pytest.raises(tessera.ConfigError, match=r"cell \"net.fc2\" is assigned to stage 0, "
+                                                  r"but it comes after \"net.fc1\" on stage 1"):
+        train({"net.fc1": 1, "net.fc2": 0})
+    # A key giving the shared cell stage 0: its second call reads fc2's output on stage 1.
+    with pytest.raises(tessera.ConfigError, match=r"op \"net.act.relu_1\" of cell \"net.act\" "
+                                                  r"is given stage 0, but it reads the output of "
+                                                  r"op \"net.fc2.bias_add\" on stage 1"):
+        train({"net.fc1": 0, "net.act": 0, "net.fc2": 1}, make=lambda: NetWithLoss(SharedAct()))
+
+
+def test_a_shared_cell_called_after_a_later_stages_cell_runs_on_that_stage():
+    # Its second call ran on the first stage, reading fc2's output from the second in the same
+    # forward pass: 1F1B deadlocked (every Model.train with a cell used before and after a cut).
+    import threading
+
+    make = lambda: NetWithLoss(SharedAct())  # noqa: E731
+    result = {}
+    for scheduler in ("1f1b", "gpipe"):
+        def run(scheduler=scheduler):
+            def wrap(cell):
+                auto = AutoParallel(Pipeline(cell, 2, stage_config={"net.fc1": 0,
+                                                                      "net.fc2": 1}))
+                auto.pipeline(stages=2, scheduler=scheduler)
+                return auto
+            result[scheduler] = _own_loss(2, None, wrap=wrap, make=make)
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(timeout=120)
+        assert not worker.is_alive(), f"{scheduler}: the pipeline deadlocked"
+        _same(result[scheduler], _own_loss(1, None, make=make))
+
+
+def test_the_pipeline_stage_attribute_stages_cells_inside_an_own_loss_cell(tmp_path):
+    strategy = tmp_path / "strategy.ckpt"
+
+    def make():
+        cell = NetWithLoss(Net())
+        cell.net.fc1.pipeline_stage = 0
+        cell.net.fc2.pipeline_stage = 1
+        return cell
+
+    staged = _own_loss(2, None, wrap=_staged(None, strategy=strategy), make=make)
+    _same(staged, _own_loss(1, None))
+    assert b"1-net.fc2.weight" in strategy.read_bytes()
+    # Given twice with different stages, or without the Pipeline that reads it: refused.
+    with pytest.raises(ValueError, match=r"the cell 'net.fc2' has pipeline_stage = 1 but "
+                                         r"stage_config\['net.fc2'\] = 0"):
+        _own_loss(2, None, wrap=_staged({"net.fc2": 0}), make=make)
+
+    def staged_without_pipeline(cell):
+        auto = AutoParallel(cell)
+        auto.pipeline(stages=2)
+        return auto
+
+    with pytest.raises(ValueError, match=r"the cell 'net.fc1' has a pipeline_stage, which "
+                                         r"Tessera reads from a Pipeline"):
+        _own_loss(2, None, wrap=staged_without_pipeline, make=make)
+    with pytest.raises(TypeError, match=r"'pipeline_stage' must be int type"):
+        Net().pipeline_stage = "1"
+    with pytest.raises(ValueError, match=r"'pipeline_stage' can not be less than 0"):
+        Net().pipeline_stage = -1
+    assert Net().pipeline_stage == -1

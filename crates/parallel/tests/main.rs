@@ -3,5 +3,6 @@
 mod grad_scale;
 mod layouts;
 mod op_rules;
+mod pipeline_cells;
 mod pipeline_schedule;
 mod rules;

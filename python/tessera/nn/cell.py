@@ -36,6 +36,23 @@ class Cell:
             self._prims[name] = value
         object.__setattr__(self, name, value)
 
+    @property
+    def pipeline_stage(self):
+        """MindSpore's ``Cell.pipeline_stage``: the pipeline stage of this Cell's ops (-1, the
+        default: none given). Read by ``parallel.nn.Pipeline`` as a ``stage_config`` entry
+        for the Cell's name."""
+        return self.__dict__.get("_pipeline_stage", -1)
+
+    @pipeline_stage.setter
+    def pipeline_stage(self, value):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError("For 'Cell', the property 'pipeline_stage' must be int type, but got "
+                            f"type {type(value).__name__}")
+        if value < 0:
+            raise ValueError("For 'Cell', the property 'pipeline_stage' can not be less than 0, "
+                             f"but got {value}")
+        object.__setattr__(self, "_pipeline_stage", value)
+
     def construct(self, *inputs):
         """The forward computation; subclasses define it."""
         raise NotImplementedError(f"{type(self).__name__} defines no construct")

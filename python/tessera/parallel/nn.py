@@ -37,8 +37,10 @@ class Pipeline(_Wrapper):
     each step's batch is
     cut into ``micro_size`` micro-batches (``parallel.pipeline.micro_batches``), and
     ``stage_config`` maps cell names, as ``network.cells_and_names()`` gives them
-    (``"_backbone.layer1"``), to their stage; a cell it does not name runs on the stage of the
-    cell before it. The stage count is ``AutoParallel.pipeline(stages=...)``."""
+    (``"_backbone.layer1"``), to their stage — at any depth, a loss cell of one's own's
+    ``"net.fc1"`` too — as does a cell's ``pipeline_stage`` attribute; a cell neither names
+    runs on the stage of the cell before it. The stage count is
+    ``AutoParallel.pipeline(stages=...)``."""
 
     def __init__(self, network, micro_size, stage_config=None, segment_config=None):
         super().__init__(network)
@@ -70,8 +72,18 @@ class Pipeline(_Wrapper):
 
         self.network._name_tree("")
         paths = {name: cell._path for name, cell in self.network.cells_and_names() if name}
+        # MindSpore's `cell.pipeline_stage = k`: an entry for the cell's name.
+        stage_config = dict(self.stage_config)
+        for name, cell in self.network.cells_and_names():
+            if not name or cell.pipeline_stage < 0:
+                continue
+            given = stage_config.setdefault(name, cell.pipeline_stage)
+            if given != cell.pipeline_stage:
+                raise ValueError(f"Pipeline: the cell {name!r} has pipeline_stage = "
+                                 f"{cell.pipeline_stage} but stage_config[{name!r}] = {given}; "
+                                 "give its stage once")
         out, opless = {}, {}
-        for name, stage in self.stage_config.items():
+        for name, stage in stage_config.items():
             if name not in paths:
                 known = ", ".join(sorted(paths)) or "(none)"
                 raise ValueError(f"Pipeline: stage_config names the cell {name!r}, which the "

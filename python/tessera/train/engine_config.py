@@ -293,6 +293,13 @@ def _pipeline_table(parts, node_names=None):
     switch = auto._pipeline if auto is not None else None
     if parts.pipeline is None and switch is None:
         return None
+    if parts.pipeline is None:
+        staged = [name for name, cell in parts.loss_cell.cells_and_names()
+                  if name and cell.pipeline_stage >= 0]
+        if staged:
+            raise ValueError(f"Model.train: the cell {staged[0]!r} has a pipeline_stage, which "
+                             "Tessera reads from a Pipeline(network, micro_size) around the "
+                             "network (MindSpore's PipelineCell); wrap it in one")
     table = dict(switch or {"stages": 1})
     if parts.pipeline is not None:
         table["micro_batches"] = parts.pipeline.micro_size

@@ -13,7 +13,8 @@ import weakref
 import numpy as np
 
 from .. import _checks, _context, _trace, nn
-from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, mpi_barrier,
+from .._tessera import (NetworkBuilder, anchored_strategies, forward_network, forward_outputs,
+                        mpi_barrier,
                         mpi_broadcast_str, read_parameters, train_network)
 from ..common.parameter import initial_values
 from ..common.tensor import Tensor
@@ -344,8 +345,7 @@ class Model:
                  eval_indexes=None, amp_level="O0", boost_level="O0", **kwargs):
         # MindSpore's signature; `run_dir` comes as a keyword of its **kwargs.
         run_dir = kwargs.pop("run_dir", None)
-        if eval_network is not None or eval_indexes is not None:
-            raise ValueError("Model: eval_network and eval_indexes are not supported yet")
+        self._eval_network, self._eval_indexes = _eval_setting(eval_network, eval_indexes)
         if amp_level != "O0" or boost_level != "O0" or kwargs:
             raise ValueError("Model: amp_level, boost_level and other options are not supported yet")
         self._metrics = _metrics(metrics)
@@ -627,8 +627,10 @@ class Model:
         """The ``metrics`` of the trained network on ``valid_dataset`` (batched), as
         ``{name: value}``: the engine runs the network forward only (one device, the trained
         Parameters' values; a Parameter not trained, given or loaded a value takes the one
-        training would start it from), batch by batch."""
-        self._require_loss("Model.eval")
+        training would start it from), batch by batch. With ``Model(..., eval_network=...,
+        eval_indexes=...)`` the metrics are computed from that network's outputs on the
+        dataset's columns (MindSpore's rules; see ``_eval_with_network``), which a loss cell
+        of one's own needs."""
         if callbacks is not None:
             raise ValueError("Model.eval: callbacks are not supported yet")
         _sink_mode("Model.eval", dataset_sink_mode)
@@ -636,15 +638,19 @@ class Model:
             raise ValueError("Model.eval: the Model has no metrics (Model(..., metrics={'accuracy'}))")
         if valid_dataset.batch_size is None:
             raise ValueError("Model.eval: batch the dataset first (dataset.batch(n))")
+        if self._eval_network is not None:
+            return self._eval_with_network(valid_dataset)
+        self._require_loss("Model.eval")
         if self._parts.with_loss is None:
             # MindSpore's rule: the metrics need the logits, which a loss cell of one's own
             # does not give out; they come from an eval_network.
             raise ValueError(
                 f"Model.eval: the network ({type(self._parts.loss_cell).__name__}) computes its "
                 "own loss (it is no WithLossCell and Model has no loss_fn), so the metrics need "
-                "an eval_network returning the logits (MindSpore's Model(network, "
-                "eval_network=..., eval_indexes=...)), which Tessera does not support yet; "
-                "evaluate with Model(net, loss_fn, metrics=...) on the same backbone")
+                "an eval_network: Model(network, optimizer=..., metrics=..., "
+                "eval_network=EvalNet(net), eval_indexes=[loss, logits, label]) with "
+                "EvalNet.construct(*columns) returning (loss, logits, label), or evaluate "
+                "with Model(net, loss_fn, metrics=...) on the same backbone")
         loss_fn = self._parts.with_loss._loss_fn
         kinds = set(self._metrics.values())
         # Token ids stay int32, as in training (cast to float32 they reached the Embedding's
@@ -688,6 +694,147 @@ class Model:
                 result[key] = float(np.mean(np.argmax(out, axis=1) == labels))
             else:
                 result[key] = _eval_loss(loss_fn, out, labels, batch)
+        return result
+
+    def _eval_with_network(self, dataset):
+        """``eval`` with ``eval_network`` (MindSpore's rules): its ``construct`` takes the
+        dataset's columns positionally and returns a tensor or a tuple of them. With
+        ``eval_indexes = [loss, logits, label]`` the ``loss`` metric averages output ``loss``
+        over the batches and ``accuracy`` compares the arg-max of output ``logits`` with output
+        ``label`` (class indices, or one-hot scores); without, every output goes to each metric
+        (``accuracy`` takes two, ``(logits, label)``, and ``loss`` one). The engine runs the
+        network forward on one device with the Parameters' current values, batch by batch (a
+        last, smaller batch traced at its own size, as MindSpore runs it)."""
+        net = self._eval_network
+        columns = _engine_columns(dataset)
+        names = [name for name, _ in columns]
+        try:
+            _check_column_count(net, names)
+        except TypeError as e:
+            raise TypeError(str(e).replace("Model.train:", "Model.eval: eval_network:", 1)
+                            .split(" (a network trained")[0]) from None
+        batch = dataset.batch_size
+        samples = len(columns[0][1]) if columns else 0
+        full = samples // batch * batch
+        rest = 0 if dataset.drop_remainder else samples - full
+        if full + rest == 0:
+            raise ValueError(f"Model.eval: the dataset has {samples} sample(s), no batch of "
+                             f"batch_size {batch}; the metrics need at least one")
+        kinds = set(self._metrics.values())
+        parts = []  # per traced batch size: {"loss": per batch, "logits", "label": per sample}
+        for start, stop, size in ((0, full, batch), (full, full + rest, rest)):
+            if stop > start:
+                parts.append(self._run_eval_network(
+                    [(name, column[start:stop]) for name, column in columns], size, kinds))
+        result = {}
+        for key, kind in self._metrics.items():
+            if kind == "loss":
+                per_batch = [v for part in parts for v in part["loss"]]
+                result[key] = float(np.mean(per_batch))
+            else:
+                logits = np.concatenate([part["logits"] for part in parts])
+                labels = np.concatenate([part["label"] for part in parts])
+                result[key] = _accuracy(logits, labels)
+        return result
+
+    def _metric_indexes(self, count, kinds):
+        """``(loss, logits, label)`` positions among the eval_network's ``count`` outputs for
+        the metrics ``kinds``: ``eval_indexes``, or MindSpore's rule without them (every output
+        to every metric), a ``ValueError`` naming what does not fit."""
+        if self._eval_indexes is not None:
+            if count < 3:
+                raise ValueError(f"Model.eval: the eval_network returns {count} output(s); with "
+                                 "eval_indexes it must return at least 3 (MindSpore: 'The "
+                                 "length of 'outputs' must be >= 3')")
+            for position in self._eval_indexes:
+                if not -count <= position < count:
+                    raise ValueError(f"Model.eval: eval_indexes {self._eval_indexes} names "
+                                     f"output {position}, but the eval_network returns {count}")
+            return tuple(i % count for i in self._eval_indexes)
+        if "loss" in kinds and "accuracy" in kinds:
+            raise ValueError("Model.eval: without eval_indexes every output of the "
+                             "eval_network goes to every metric, but 'loss' takes one output "
+                             "and 'accuracy' two (logits, label); give eval_indexes=[loss, "
+                             "logits, label]")
+        want = 1 if "loss" in kinds else 2
+        if count != want:
+            metric = "'loss' takes one output (the loss)" if want == 1 else \
+                "'accuracy' takes two outputs (logits, label)"
+            raise ValueError(f"Model.eval: the eval_network returns {count} output(s), which "
+                             f"go to every metric without eval_indexes; {metric}: return "
+                             "those, or give eval_indexes=[loss, logits, label]")
+        return (0, None, None) if want == 1 else (None, 0, 1)
+
+    def _run_eval_network(self, columns, batch, kinds):
+        """The eval_network traced at ``batch`` samples and run forward over ``columns``
+        (``[(name, array)]``, a whole number of batches): ``{"count": outputs, "loss": one value
+        per batch, "logits": rows, "label": rows}`` for the metrics ``kinds``. An output that
+        is an input column is that column, unchanged (integer labels stay integers)."""
+        net = self._eval_network
+        builder = NetworkBuilder()
+        net._name_tree("")
+        try:
+            with _trace.tracing(builder) as trace:
+                trace.training = False
+                inputs = []
+                for j, (name, array) in enumerate(columns):
+                    graph_name = f"column {j} {name}".replace(".", "_").replace(":", "_")
+                    inputs.append(_trace.Tensor(*builder.input(
+                        graph_name, [batch, *array.shape[1:]], array.dtype.name),
+                        dtype=array.dtype.name))
+                out = net(*inputs)
+            traced = [(p, trace.params[id(p)]) for p in net.get_parameters()
+                      if id(p) in trace.params]
+        finally:
+            # The Parameters the eval_network shares keep the trained network's names.
+            (self._parts.top if self._parts is not None else self._trained_network)._name_tree("")
+        outputs = list(out) if isinstance(out, (tuple, list)) else [out]
+        for k, t in enumerate(outputs):
+            if not isinstance(t, _trace.Tensor):
+                raise TypeError(f"Model.eval: output {k} of the eval_network "
+                                f"({type(net).__name__}) is a {type(t).__name__}, not a tensor")
+        loss_at, logits_at, label_at = self._metric_indexes(len(outputs), kinds)
+        wanted = {}
+        if "loss" in kinds:
+            wanted["loss"] = loss_at
+        if "accuracy" in kinds:
+            wanted.update(logits=logits_at, label=label_at)
+        by_input = {t.id: array for t, (_, array) in zip(inputs, columns)}
+        computed = sorted({outputs[i].id for i in wanted.values()} - set(by_input))
+        for role, i in wanted.items():
+            t = outputs[i]
+            if t.id in computed and t.dtype.name != "float32":
+                raise TypeError(f"Model.eval: output {i} of the eval_network (the {role}) is "
+                                f"{t.dtype.name}; the engine's forward returns float32 outputs "
+                                "(or give back an input column unchanged)")
+        values = {}
+        if computed:
+            arrays = forward_outputs(builder, [t.id for t in inputs], computed,
+                                     _current_values("Model.eval", traced),
+                                     [array for _, array in columns])
+            values = dict(zip(computed, arrays))
+        runs = len(columns[0][1]) // batch
+        result = {"count": len(outputs)}
+        for role, i in wanted.items():
+            t = outputs[i]
+            if t.id in by_input:
+                value = by_input[t.id]
+            else:
+                value = values[t.id]  # [runs, *shape]
+                if role != "loss":
+                    if not t.shape or t.shape[0] != batch:
+                        raise ValueError(f"Model.eval: output {i} of the eval_network (the "
+                                         f"{role}) has shape {tuple(t.shape)}; its first dim "
+                                         f"must be the batch ({batch})")
+                    value = value.reshape(runs * batch, *t.shape[1:])
+            if role == "loss":
+                if len(t.shape) > 1 or t.id in by_input:
+                    raise ValueError(f"Model.eval: output {i} of the eval_network (the loss) "
+                                     f"has shape {tuple(t.shape)}; MindSpore's Loss metric "
+                                     "takes a scalar or one dim of values, computed by the "
+                                     "network")
+                value = value.reshape(runs, -1).astype(np.float64).mean(axis=1)
+            result[role] = value
         return result
 
     def predict(self, *predict_data, backend=None, config=None):
@@ -782,6 +929,45 @@ class Model:
                         "as it is, taking (data, label) and returning the loss; Tessera's "
                         "predict runs one input through the network without a loss: give "
                         "the network itself (Model(net) or Model(net, loss_fn, optimizer))")
+
+
+def _eval_setting(eval_network, eval_indexes):
+    """``Model``'s ``eval_network`` and ``eval_indexes`` checked (MindSpore's rules): a Cell,
+    and ``None`` or a list of three ints (the positions of the loss, the logits and the label
+    among its outputs); ``eval_indexes`` without ``eval_network`` would be ignored, so it is a
+    ``ValueError``."""
+    if eval_network is not None and not isinstance(eval_network, nn.Cell):
+        raise TypeError(f"Model: eval_network must be a Cell, but got "
+                        f"{type(eval_network).__name__}")
+    if eval_indexes is None:
+        return eval_network, None
+    if not (isinstance(eval_indexes, list) and len(eval_indexes) == 3
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in eval_indexes)):
+        raise ValueError("Model: the argument 'eval_indexes' must be a list or None. If "
+                         "'eval_indexes' is a list, length of it must be three (ints: the "
+                         f"positions of loss, logits and label). But got {eval_indexes!r}")
+    if eval_network is None:
+        raise ValueError("Model: eval_indexes is used only with an eval_network (it picks the "
+                         "loss, logits and label among its outputs); give eval_network too")
+    return eval_network, list(eval_indexes)
+
+
+def _accuracy(logits, labels):
+    """MindSpore's ``Accuracy``: the share of samples whose arg-max score is the label (class
+    indices ``[n]``, or one-hot scores of the logits' shape, taken by their arg-max)."""
+    if logits.ndim != 2:
+        raise ValueError(f"Model.eval: the eval_network's logits have shape {logits.shape[1:]} "
+                         "per sample; class scores [classes] are needed for 'accuracy'")
+    if labels.ndim == logits.ndim:
+        if labels.shape != logits.shape:
+            raise ValueError(f"Model.eval: the label has shape {labels.shape[1:]} per sample; "
+                             f"one-hot labels need the logits' {logits.shape[1:]}")
+        labels = np.argmax(labels, axis=1)
+    elif labels.ndim != 1 and labels.shape[1:] != (1,):
+        raise ValueError(f"Model.eval: the label has shape {labels.shape[1:]} per sample; "
+                         "class indices (one per sample) or one-hot scores are needed")
+    labels = labels.reshape(len(labels))
+    return float(np.mean(np.argmax(logits, axis=1) == labels))
 
 
 def _eval_loss_rule(loss_fn):

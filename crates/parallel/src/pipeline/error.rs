@@ -164,6 +164,26 @@ pub enum PipelineError {
         /// That cell's stage.
         previous_stage: usize,
     },
+    /// Following `stage_config`, an op of a cell a key names runs on an earlier stage than an
+    /// op whose output it reads (a cell called again after a later stage's cell).
+    #[error(
+        "parallel.pipeline.stage_config: op {node:?} of cell {cell:?} is given stage {stage}, \
+         but it reads the output of op {input:?} on stage {input_stage} (a cell called again \
+         after a later stage's cell); stages must not decrease along the model: give the cell \
+         the later stage, or no key (its ops then run on the stage of what they read)"
+    )]
+    CellSplitBetweenStages {
+        /// The op (node) that would run too early.
+        node: String,
+        /// Its cell (layer).
+        cell: String,
+        /// The stage its key gives it (model-chunk index with interleave).
+        stage: usize,
+        /// The op whose output it reads.
+        input: String,
+        /// That op's stage.
+        input_stage: usize,
+    },
     /// Following `stage_config`, a stage (or model chunk) gets no layer.
     #[error(
         "parallel.pipeline.stage_config: stage {stage} gets no layer; every stage needs at \

@@ -65,7 +65,7 @@ pub use error::{PipelineError, StuckStage};
 pub use phases::{stage_of_mesh, stage_of_ranks, step_phases, StepPhase};
 pub use place::{
     layer_of, layers_of_stage, move_between_stages, node_stages, relocate, relocate_dist,
-    NodeStages,
+    staged_layer_of, NodeStages,
 };
 pub use schedule::{
     Action, ActionKind, CommEvent, CommOrder, Dependency, Direction, Payload, ProgramStep, Schedule,

@@ -3,9 +3,12 @@
 //!
 //! A layer (cell) is a node name's leading components up to and including the first numeric one
 //! (`blocks.3.attn.qkv` → `blocks.3`), or its first component (`embedding.gather` →
-//! `embedding`). Layers are ordered by their first forward node; [`assign_stages`] cuts them
-//! into stages. A backward node runs on its forward node's stage; a gradient sum on the stage of
-//! the value it is the gradient of.
+//! `embedding`). A `stage_config` key naming a cell below such a layer (`net.fc1` inside the
+//! layer `net` of a loss cell of one's own) splits it ([`staged_layer_of`]). Layers are ordered
+//! by their first forward node; [`assign_stages`] cuts them into stages. A forward node runs on
+//! its layer's stage, raised to the latest stage of the forward nodes it reads; a backward node
+//! runs on its forward node's stage; a gradient sum on the stage of the value it is the gradient
+//! of.
 
 use std::collections::HashMap;
 
@@ -27,6 +30,55 @@ pub fn layer_of(name: &str) -> &str {
         }
     }
     name.split('.').next().unwrap_or(name)
+}
+
+/// The layer (cell) a node named `name` belongs to under `stage_config` (cell-name prefix →
+/// stage): [`layer_of`], unless a key names a cell below that layer (MindSpore assigns stages to
+/// cells at any depth). Then the layer is cut along the keys: the node's layer is the deepest of
+/// the longest key that is a `.`-separated prefix of `name`, and, for every other key below the
+/// layer, the component of `name` where it leaves that key's path (`net.relu` for
+/// `net.relu.relu` under the key `net.fc1`). So every key is an ancestor of (or equal to) a
+/// layer, or shares no layer with it, and a layer never straddles a key.
+pub fn staged_layer_of<'a>(name: &'a str, stage_config: &[(String, usize)]) -> &'a str {
+    let base = layer_of(name);
+    let mut end = base.len();
+    for (key, _) in stage_config {
+        if key.len() <= base.len() || !dotted_prefix(base, key) {
+            continue;
+        }
+        let cut = if dotted_prefix(key, name) {
+            key.len()
+        } else {
+            // The end of `name`'s first component that `key` does not share.
+            let common = common_components(key, name);
+            let rest = &name[common..];
+            let rest = rest.strip_prefix('.').unwrap_or(rest);
+            name.len() - rest.len() + rest.find('.').unwrap_or(rest.len())
+        };
+        end = end.max(cut);
+    }
+    &name[..end]
+}
+
+/// True when `prefix` is `name` or a `.`-separated ancestor of it.
+fn dotted_prefix(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+}
+
+/// The length of the longest `.`-separated prefix `a` and `b` share (0 if none).
+fn common_components(a: &str, b: &str) -> usize {
+    let mut end = 0;
+    let mut pos = 0;
+    for (x, y) in a.split('.').zip(b.split('.')) {
+        if x != y {
+            break;
+        }
+        pos += x.len();
+        end = pos;
+        pos += 1;
+    }
+    end
 }
 
 /// The names of the layers on `stage`, in model order, from a `(layer, stage)` list such as
@@ -51,7 +103,8 @@ pub struct NodeStages {
     pub node_chunks: Vec<usize>,
     /// Per value, the model chunk of its producer (or first consumer).
     pub value_chunks: Vec<usize>,
-    /// The layers in model order with their stage.
+    /// The layers in model order with their stage (a call of a layer that reads a later
+    /// stage's output runs on that stage: `nodes` says where each node runs).
     pub layers: Vec<(String, usize)>,
 }
 
@@ -63,8 +116,9 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     // Per layer, whether it reads a trainable parameter (what a checkpoint holds).
     let mut trains: Vec<bool> = Vec::new();
     let mut counted = vec![false; graph.values().len()];
+    let keys = &config.stage_config;
     for node in graph.nodes().iter().filter(|n| n.role == NodeRole::Forward) {
-        let layer = layer_of(&node.name).to_string();
+        let layer = staged_layer_of(&node.name, keys).to_string();
         let i = *index.entry(layer.clone()).or_insert_with(|| {
             order.push(layer);
             params.push(0);
@@ -99,7 +153,7 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     // Groups `chunk · P + stage`, then split into stages and chunks.
     let layer_group = |name: &str| -> usize {
         index
-            .get(layer_of(name))
+            .get(staged_layer_of(name, keys))
             .and_then(|&i| assignment.group_of_layer.get(i).copied())
             .unwrap_or(0)
     };
@@ -107,7 +161,9 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     let mut values: Vec<Option<usize>> = vec![None; graph.values().len()];
     for (id, node) in graph.nodes().iter().enumerate() {
         let group = match &node.role {
-            NodeRole::Forward => layer_group(&node.name),
+            NodeRole::Forward => {
+                raised_to_inputs(graph, id, layer_group(&node.name), &groups, keys)?
+            }
             NodeRole::Backward(g) => groups[g.forward.0],
             NodeRole::Accumulate { value } | NodeRole::Seed { value } => {
                 stage_of_value(graph, *value, &groups, &values)
@@ -172,6 +228,48 @@ fn check_stages_hold_parameters(
         cells,
         by_stage_config: !config.stage_config.is_empty(),
     })
+}
+
+/// The group of forward node `id`, `group` by its cell, raised to the highest group of the
+/// forward nodes it reads (MindSpore's stage colouring: a user whose producer has a larger stage
+/// is raised to it, so stages never decrease along the data flow). A cell called again after a
+/// later stage's cell (one activation cell used after `fc1` and after `fc2`) would otherwise
+/// read, on the earlier stage, what the later stage computes in the same micro-batch's forward
+/// pass: data flowing back, which deadlocks 1F1B. A node whose cell a `stage_config` key names
+/// is not raised but refused ([`PipelineError::CellSplitBetweenStages`], naming it, its cell
+/// and the input): the key would be silently overridden.
+fn raised_to_inputs(
+    graph: &Graph,
+    id: usize,
+    group: usize,
+    groups: &[usize],
+    keys: &[(String, usize)],
+) -> Result<usize, PipelineError> {
+    let node = &graph.nodes()[id];
+    let highest = node
+        .inputs
+        .iter()
+        .filter_map(|v| graph.values()[v.0].producer)
+        .filter(|(n, _)| graph.nodes()[n.0].role == NodeRole::Forward)
+        .max_by_key(|(n, _)| groups[n.0]);
+    let Some((input, _)) = highest else {
+        return Ok(group);
+    };
+    let input_group = groups[input.0];
+    if input_group <= group {
+        return Ok(group);
+    }
+    let cell = staged_layer_of(&node.name, keys);
+    if keys.iter().any(|(key, _)| dotted_prefix(key, cell)) {
+        return Err(PipelineError::CellSplitBetweenStages {
+            node: node.name.clone(),
+            cell: cell.to_string(),
+            stage: group,
+            input: graph.nodes()[input.0].name.clone(),
+            input_stage: input_group,
+        });
+    }
+    Ok(input_group)
 }
 
 /// The group of `value`: its producer's, or for a leaf the group it was first used in.
@@ -245,6 +343,32 @@ mod tests {
         assert_eq!(layer_of("loss"), "loss");
         assert_eq!(layer_of("matmul1"), "matmul1");
         assert_eq!(layer_of("a.b.12.c"), "a.b.12");
+    }
+
+    #[test]
+    fn keys_below_a_layer_cut_it_along_their_paths() {
+        let keys = |k: &[&str]| k.iter().map(|k| (k.to_string(), 0)).collect::<Vec<_>>();
+        let two = keys(&["net.fc1", "net.fc2"]);
+        assert_eq!(staged_layer_of("net.fc1.matmul", &two), "net.fc1");
+        assert_eq!(staged_layer_of("net.fc2.bias_add", &two), "net.fc2");
+        assert_eq!(staged_layer_of("net.relu.relu_1", &two), "net.relu");
+        assert_eq!(staged_layer_of("net.fc10.matmul", &two), "net.fc10");
+        assert_eq!(staged_layer_of("net", &two), "net");
+        assert_eq!(staged_layer_of("loss.mean", &two), "loss");
+        // Keys at or above the layer leave it whole.
+        let whole = keys(&["blocks", "blocks.3", "net"]);
+        assert_eq!(staged_layer_of("blocks.3.attn.qkv", &whole), "blocks.3");
+        assert_eq!(staged_layer_of("net.fc1.matmul", &whole), "net");
+        // Nested keys: the deepest cut wins; a key two levels down cuts at its branch.
+        let nested = keys(&["net.a", "net.a.b.c"]);
+        assert_eq!(staged_layer_of("net.a.b.c.d", &nested), "net.a.b.c");
+        assert_eq!(staged_layer_of("net.a.b.x", &nested), "net.a.b.x");
+        assert_eq!(staged_layer_of("net.a.y", &nested), "net.a.y");
+        assert_eq!(staged_layer_of("net.z.q", &nested), "net.z");
+        assert_eq!(
+            staged_layer_of("blocks.3.attn.qkv", &keys(&["blocks.3.attn"])),
+            "blocks.3.attn"
+        );
     }
 
     #[test]
