@@ -28,7 +28,8 @@
 //! - Encrypted MindSpore `.ckpt` files ([`crypto`]): [`CheckpointFile::open_with`] and
 //!   [`SourceSet::with_decryption`] read them (AES-GCM, AES-CBC, SM4-CBC).
 //! - For the training runtime: [`save_rank_checkpoint`], [`save_rank_checkpoint_in_set`],
-//!   [`save_param_strategy_file`], [`load_rank_tensors`] (convert on load).
+//!   [`save_param_strategy_file`], [`load_rank_tensors`] and [`for_each_rank_tensor`]
+//!   (convert on load, from a set saved under a strategy or unsharded: [`SourceStrategy`]).
 //! - Checkpoint sets: [`SetWriter`] (lock, stage, commit), [`check_set`] / [`audit_set`]
 //!   (readers' checks), [`abandon_pending_sets`] (for signal handlers). [`Durability`] says
 //!   whether a write fsyncs (the default) or leaves its data to the page cache (the writers'
@@ -277,7 +278,7 @@ pub use crate::ops::engine::options::DEFAULT_CHUNK_BYTES;
 pub use crate::ops::inspect::{inspect, inspect_detected, InspectedFile};
 pub use crate::ops::load::{
     for_each_rank_tensor, load_rank_tensors, load_segmented_checkpoints,
-    load_segmented_checkpoints_with, write_segmented, SegmentedEntry,
+    load_segmented_checkpoints_with, write_segmented, SegmentedEntry, SourceStrategy,
 };
 pub use crate::ops::merge::{
     split_range, unified_safetensors, ChoiceFn, MergeOptions, MergeReport, ParamChoice,

@@ -671,3 +671,130 @@ fn a_set_converted_to_ckpt_format_resumes_as_the_original() {
     resume(&half, &from_st, 2);
     assert_ok(&tessera(&["ckpt", "diff", s(&from_ckpt), s(&from_st)]));
 }
+
+/// Resumes `train_cmd(out, devices)` from the set `from` with no `output.resume_strategy`.
+fn resume_without_strategy(from: &Path, out: &Path, devices: usize) -> std::process::Output {
+    let mut cmd = train_cmd(out, devices);
+    cmd.arg("--set")
+        .arg(format!("output.resume_from=\"{}\"", from.display()));
+    cmd.output().unwrap()
+}
+
+/// A merged set (`tessera ckpt convert` without `--dst-strategy`: rank 0 alone, every tensor
+/// whole, no strategy file, as MindSpore's merged checkpoints are) resumes with no
+/// `output.resume_strategy`, in `.safetensors` and in `.ckpt` format: resume refused it ("the
+/// strategy file ... does not exist"). On 8 and on 2 devices the resumed run ends bitwise where
+/// the resume from the sharded original does.
+#[test]
+fn a_merged_set_without_a_strategy_resumes_as_the_sharded_original() {
+    let scratch = Scratch::new("resume-merged");
+    let dir = &scratch.0;
+    let half = dir.join("half");
+    let mut first = train_cmd(&half, 8);
+    first.args(["--set", "train.max_steps=2"]);
+    assert!(first.status().unwrap().success());
+    let mut from_original = Vec::new();
+    for devices in [8, 2] {
+        let out = dir.join(format!("original_{devices}"));
+        assert_ok(&resume_without_strategy(&half, &out, devices));
+        from_original.push((devices, out));
+    }
+    for format in ["safetensors", "ckpt"] {
+        let merged = dir.join(format!("merged_{format}"));
+        assert_ok(&tessera(&[
+            "ckpt",
+            "convert",
+            "--src",
+            s(&half),
+            "--src-strategy",
+            s(&half.join("strategy.json")),
+            "--dst",
+            s(&merged),
+            "--format",
+            format,
+        ]));
+        assert!(merged
+            .join(format!("rank_0/checkpoint_0.{format}"))
+            .is_file());
+        assert!(!merged.join("rank_1").exists());
+        assert!(!merged.join("strategy.json").exists());
+        for (devices, original) in &from_original {
+            let out = dir.join(format!("resumed_{format}_{devices}"));
+            assert_ok(&resume_without_strategy(&merged, &out, *devices));
+            assert_ok(&tessera(&["ckpt", "diff", s(&out), s(original)]));
+        }
+    }
+}
+
+/// Without a strategy file only a set of rank 0 alone, every tensor whole, is read (as merged):
+/// rank 0's file of a sharded set (shards of another shape than the model's) is refused naming
+/// the tensor, and a set of several ranks naming `output.resume_strategy` (it is not read as
+/// merged, which would refuse a shard). Neither
+/// run trains or writes a checkpoint.
+#[test]
+fn a_set_without_a_strategy_resumes_only_when_merged() {
+    let scratch = Scratch::new("resume-unmerged");
+    let dir = &scratch.0;
+    let half = dir.join("half");
+    let mut first = train_cmd(&half, 8);
+    first.args(["--set", "train.max_steps=2"]);
+    assert!(first.status().unwrap().success());
+    let copy_ranks = |to: &Path, ranks: &[usize]| {
+        for r in ranks {
+            let name = format!("rank_{r}/checkpoint_{r}.safetensors");
+            std::fs::create_dir_all(to.join(format!("rank_{r}"))).unwrap();
+            std::fs::copy(half.join(&name), to.join(&name)).unwrap();
+        }
+    };
+    // Rank 0's file of the sharded set alone: it holds a shard, of another shape than the
+    // merged tensor's.
+    let shard = dir.join("shard");
+    copy_ranks(&shard, &[0]);
+    let file = ckpt::CheckpointFile::open(&shard.join("rank_0/checkpoint_0.safetensors")).unwrap();
+    let original = ckpt::CheckpointFile::open(
+        &tessera_merged(&half, &dir.join("merged")).join("rank_0/checkpoint_0.safetensors"),
+    )
+    .unwrap();
+    let sharded = file
+        .tensors()
+        .iter()
+        .find(|t| original.tensor(&t.name).unwrap().shape != t.shape)
+        .expect("a tensor sharded on rank 0");
+    let out = dir.join("out_shard");
+    let run = resume_without_strategy(&shard, &out, 8);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("tensor {:?}", sharded.name))
+            && err.contains("output.resume_strategy"),
+        "{err}"
+    );
+    assert!(!out.join("rank_0").exists());
+
+    let two = dir.join("two");
+    copy_ranks(&two, &[0, 1]);
+    let out = dir.join("out_two");
+    let run = resume_without_strategy(&two, &out, 8);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
+    assert!(
+        err.contains("output.resume_strategy") && err.contains("holds ranks [0, 1]"),
+        "{err}"
+    );
+    assert!(!out.join("rank_0").exists());
+}
+
+/// `tessera ckpt convert` of the set `src` into `dst` with no destination strategy (merged).
+fn tessera_merged(src: &Path, dst: &Path) -> std::path::PathBuf {
+    assert_ok(&tessera(&[
+        "ckpt",
+        "convert",
+        "--src",
+        s(src),
+        "--src-strategy",
+        s(&src.join("strategy.json")),
+        "--dst",
+        s(dst),
+    ]));
+    dst.to_path_buf()
+}

@@ -17,8 +17,8 @@
 //!   the steps the run may save at is taken by something else than a directory), and this
 //!   process's ranks' group-info files (`output.group_info_file`: not under a file);
 //! - `output.resume_from` is a directory holding a checkpoint (rank 0's file) and the strategy
-//!   file it is read with exists, and the checkpoint is this model's with steps left to train
-//!   ([`crate::resume_check`]).
+//!   file it is read with exists (without one, a set of rank 0 alone is read as unsharded),
+//!   and the checkpoint is this model's with steps left to train ([`crate::resume_check`]).
 //!
 //! (The data files themselves are opened, their headers checked and `data.batch_size` checked
 //! against the training split, by [`Session::new`]; before that, and before any search,
@@ -343,10 +343,10 @@ fn check_group_info_dirs(session: &TrainSession, here: &RanksHere) -> Result<(),
     Ok(())
 }
 
-/// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file.
-/// Returns the step the checkpoint was saved at, when the run resumes.
+/// `output.resume_from`: a directory with rank 0's checkpoint file, and the strategy file it
+/// is read with, or none for a set of rank 0 alone (read as unsharded). Returns the step the
+/// checkpoint was saved at, when the run resumes.
 fn check_resume_from(session: &TrainSession) -> Result<Option<u64>, RuntimeError> {
-    let output = session.config.output();
     let Some(from) = session.resume_dir()? else {
         return Ok(None);
     };
@@ -367,30 +367,8 @@ fn check_resume_from(session: &TrainSession) -> Result<Option<u64>, RuntimeError
             "holds no checkpoint (no rank_0/ with a .safetensors or .ckpt file)".to_string(),
         ));
     }
-    let (key, strategy) = match &output.resume_strategy {
-        Some(path) => ("output.resume_strategy", path.clone()),
-        None => ("output.resume_from", from.join("strategy.json")),
-    };
-    if strategy.is_dir() {
-        return Err(RuntimeError::Config {
-            key: key.to_string(),
-            reason: format!(
-                "{}: is a directory; expected a file (the checkpoint's strategy file, strategy.json or strategy.ckpt)",
-                strategy.display()
-            ),
-        });
-    }
-    if !strategy.is_file() {
-        return Err(RuntimeError::Config {
-            key: key.to_string(),
-            reason: format!(
-                "the strategy file {} does not exist (set output.resume_strategy to the \
-                 checkpoint's strategy file)",
-                strategy.display()
-            ),
-        });
-    }
-    crate::resume_check::check_resumable(session, from, &strategy).map(Some)
+    let source = crate::resume_check::resume_source(session, from)?;
+    crate::resume_check::check_resumable(session, from, &source).map(Some)
 }
 
 /// Creates `dir` (and its missing parents, [`ckpt::CreatedDirs`]) and writes and removes a

@@ -1,6 +1,11 @@
 //! Whether the checkpoint of `output.resume_from` belongs to this run, checked before any rank
 //! starts:
 //!
+//! - it is read under its strategy file (`output.resume_strategy`, or `strategy.json` in the
+//!   set); without one, a set of rank 0 alone is read as unsharded (merged: every tensor whole
+//!   in rank 0's file, as `tessera ckpt convert` without a destination strategy and MindSpore's
+//!   merged checkpoints are), each of its tensors of the model's global shape
+//!   ([`resume_source`]);
 //! - every tensor it holds is one of this model's parameters, an optimizer state or master
 //!   weight of one, or the step counter: a checkpoint of another architecture (more layers, a
 //!   renamed cell) is refused, naming the tensors the model lacks, instead of dropping them;
@@ -11,7 +16,7 @@
 //!   `train.max_steps`.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use exec::STATE_NAMES_OF_EVERY_RULE;
 use serde_json::Value;
@@ -20,18 +25,161 @@ use crate::error::RuntimeError;
 use crate::generate::{SavedModel, MODEL_FILE};
 use crate::session::{TrainSession, GLOBAL_STEP, MASTER_WEIGHT};
 
-/// Checks the checkpoint in `from`, read with the strategy file `strategy_file`, against
-/// `session`; returns the step it was saved at (the run goes on from the next).
+/// How the checkpoint of `output.resume_from` is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ResumeSource {
+    /// Under this strategy file (`output.resume_strategy`, or the set's `strategy.json`).
+    File(PathBuf),
+    /// Unsharded: no strategy file, and rank 0's file holds every tensor whole.
+    Unsharded,
+}
+
+impl ResumeSource {
+    /// The source as the checkpoint loader takes it.
+    pub(crate) fn as_ckpt(&self) -> ckpt::SourceStrategy<'_> {
+        match self {
+            ResumeSource::File(path) => ckpt::SourceStrategy::File(path),
+            ResumeSource::Unsharded => ckpt::SourceStrategy::Unsharded,
+        }
+    }
+}
+
+/// How the checkpoint set `from` is read: under `output.resume_strategy` (which must be a
+/// file), else under the set's `strategy.json` when it has one, else, when the set holds rank
+/// 0 alone, as unsharded. A set of several ranks without a strategy file is refused, naming
+/// `output.resume_strategy`: rank 0's shards are not the tensors.
+pub(crate) fn resume_source(
+    session: &TrainSession,
+    from: &Path,
+) -> Result<ResumeSource, RuntimeError> {
+    let given = session.config.output().resume_strategy.clone();
+    let (key, strategy) = match &given {
+        Some(path) => ("output.resume_strategy", path.clone()),
+        None => ("output.resume_from", from.join("strategy.json")),
+    };
+    if strategy.is_dir() {
+        return Err(RuntimeError::Config {
+            key: key.to_string(),
+            reason: format!(
+                "{}: is a directory; expected a file (the checkpoint's strategy file, strategy.json or strategy.ckpt)",
+                strategy.display()
+            ),
+        });
+    }
+    if strategy.is_file() {
+        return Ok(ResumeSource::File(strategy));
+    }
+    if given.is_some() {
+        return Err(RuntimeError::Config {
+            key: key.to_string(),
+            reason: format!(
+                "the strategy file {} does not exist (set output.resume_strategy to the \
+                 checkpoint's strategy file)",
+                strategy.display()
+            ),
+        });
+    }
+    let ranks: Vec<usize> = ckpt::RankFiles::discover(from)
+        .map(|r| r.files.keys().copied().collect())
+        .unwrap_or_default();
+    if ranks.iter().any(|&r| r != 0) {
+        return Err(RuntimeError::Config {
+            key: key.to_string(),
+            reason: format!(
+                "{}: the checkpoint holds ranks {ranks:?} and no strategy file ({} does not \
+                 exist): a sharded checkpoint is read under the strategy it was saved with; set \
+                 output.resume_strategy to that file (without one, only a checkpoint of rank 0 \
+                 alone is read, as merged: every tensor whole)",
+                from.display(),
+                strategy.display()
+            ),
+        });
+    }
+    Ok(ResumeSource::Unsharded)
+}
+
+/// The names of the tensors the checkpoint in `from` holds: those its strategy file lists, or
+/// for an unsharded one those of rank 0's file.
+pub(crate) fn saved_names(from: &Path, source: &ResumeSource) -> Result<Vec<String>, RuntimeError> {
+    match source {
+        ResumeSource::File(path) => Ok(ckpt::Strategy::load(path)?
+            .params
+            .into_iter()
+            .map(|p| p.name)
+            .collect()),
+        ResumeSource::Unsharded => Ok(rank0_tensors(from)?.into_iter().map(|t| t.name).collect()),
+    }
+}
+
+/// The tensors of rank 0's file of the set `from`.
+fn rank0_tensors(from: &Path) -> Result<Vec<ckpt::StoredTensor>, RuntimeError> {
+    let file = rank0_file(from).ok_or_else(|| {
+        resume_error(
+            from,
+            "holds no checkpoint (no rank_0/ with a .safetensors or .ckpt file)".to_string(),
+        )
+    })?;
+    Ok(ckpt::CheckpointFile::open(&file)?.tensors().to_vec())
+}
+
+/// Checks the checkpoint in `from`, read as `source` says, against `session`; returns the step
+/// it was saved at (the run goes on from the next).
 pub(crate) fn check_resumable(
     session: &TrainSession,
     from: &Path,
-    strategy_file: &Path,
+    source: &ResumeSource,
 ) -> Result<u64, RuntimeError> {
-    let strategy = ckpt::Strategy::load(strategy_file)?;
-    check_tensor_names(session, from, &strategy)?;
-    check_optimizer_state(session, from, &strategy)?;
+    let names = saved_names(from, source)?;
+    check_tensor_names(session, from, &names)?;
+    check_optimizer_state(session, from, &names)?;
+    if *source == ResumeSource::Unsharded {
+        check_merged_shapes(session, from)?;
+    }
     check_model_description(session, from)?;
     check_steps_left(session, from)
+}
+
+/// An unsharded checkpoint holds every tensor of the model (a parameter, its optimizer state,
+/// its master weight) whole: of the model's global shape. A tensor of another shape is a shard
+/// (a sharded checkpoint without its strategy file) or another model's; it is refused, naming
+/// the tensor.
+fn check_merged_shapes(session: &TrainSession, from: &Path) -> Result<(), RuntimeError> {
+    let mut expected: std::collections::HashMap<String, &[usize]> =
+        std::collections::HashMap::new();
+    for p in &session.train.params {
+        expected.insert(p.name.clone(), p.layout.shape());
+        let state_layout = p.optimizer_shard().map_or(&p.layout, |shard| &shard.layout);
+        for state in STATE_NAMES_OF_EVERY_RULE.iter().chain([&MASTER_WEIGHT]) {
+            expected.insert(
+                exec::state_checkpoint_name(state, &p.name),
+                state_layout.shape(),
+            );
+        }
+    }
+    let file = rank0_file(from).unwrap_or_else(|| from.to_path_buf());
+    for t in rank0_tensors(from)? {
+        let Some(shape) = expected.get(&t.name) else {
+            continue;
+        };
+        if t.shape.as_slice() != *shape {
+            return Err(resume_error(
+                from,
+                format!(
+                    "tensor {:?} in {} has shape {:?}, but this model's is {:?}: with no \
+                     strategy file (output.resume_strategy is not set and the set has no \
+                     strategy.json) the checkpoint is read as merged, every tensor whole in \
+                     rank 0's file, and this is not a merged checkpoint of this model (a shard \
+                     of a sharded one, or another model's); set output.resume_strategy to the \
+                     strategy file it was saved under",
+                    t.name,
+                    file.display(),
+                    t.shape,
+                    shape
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn resume_error(from: &Path, reason: String) -> RuntimeError {
@@ -41,11 +189,11 @@ fn resume_error(from: &Path, reason: String) -> RuntimeError {
     }
 }
 
-/// Every tensor of the strategy file is the model's.
+/// Every tensor of the checkpoint (`names`) is the model's.
 fn check_tensor_names(
     session: &TrainSession,
     from: &Path,
-    strategy: &ckpt::Strategy,
+    names: &[String],
 ) -> Result<(), RuntimeError> {
     let model: std::collections::BTreeSet<&str> = session
         .train
@@ -61,10 +209,9 @@ fn check_tensor_names(
                     && model.contains(param)
             })
     };
-    let foreign: Vec<&str> = strategy
-        .params
+    let foreign: Vec<&str> = names
         .iter()
-        .map(|p| p.name.as_str())
+        .map(String::as_str)
         .filter(|name| !known(name))
         .collect();
     if foreign.is_empty() {
@@ -91,14 +238,13 @@ fn check_tensor_names(
 fn check_optimizer_state(
     session: &TrainSession,
     from: &Path,
-    strategy: &ckpt::Strategy,
+    names: &[String],
 ) -> Result<(), RuntimeError> {
     let optimizer = session.config.optimizer_config().kind;
     let ours: BTreeSet<&str> = optimizer.state_names().iter().copied().collect();
-    let saved: BTreeSet<&str> = strategy
-        .params
+    let saved: BTreeSet<&str> = names
         .iter()
-        .filter_map(|p| p.name.split_once('.'))
+        .filter_map(|name| name.split_once('.'))
         .map(|(state, _)| state)
         .filter(|state| STATE_NAMES_OF_EVERY_RULE.contains(state))
         .collect();

@@ -291,7 +291,7 @@ fn resolve_source(
 
 /// An unsharded source: source rank 0's file holds every tensor whole, on one rank. Folders of
 /// other ranks mean a sharded checkpoint, which is refused: rank 0's shards are not the tensors.
-fn unsharded_source(sources: &SourceSet, src_dir: &Path) -> Result<ResolvedStrategy> {
+pub(crate) fn unsharded_source(sources: &SourceSet, src_dir: &Path) -> Result<ResolvedStrategy> {
     if let Some(ranks) = sources.rank_files() {
         if ranks.files.keys().any(|&r| r != 0) {
             return Err(CkptError::UnshardedSource {

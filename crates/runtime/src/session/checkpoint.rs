@@ -291,9 +291,10 @@ impl TrainSession {
     /// Loads this rank's checkpointed parameters (non-trainable ones only with
     /// `strategy_file_only_for_trainable_params = false`; otherwise they keep their
     /// initialisation) and optimizer state from the checkpoint in `from`, saved under any
-    /// strategy (converted on load); returns the step it was saved at. The optimizer's step
-    /// count is the set's [`TrainState`]'s (the global step when it has none), and its loss
-    /// scaler state is returned for the run's scaler to continue.
+    /// strategy (converted on load) or unsharded ([`crate::resume_check::resume_source`]);
+    /// returns the step it was saved at. The optimizer's step count is the set's
+    /// [`TrainState`]'s (the global step when it has none), and its loss scaler state is
+    /// returned for the run's scaler to continue.
     ///
     /// Under mixed precision it also returns, by trainable parameter, the f32 master piece to
     /// continue from: the saved `master_weight.<name>`, or the piece of a weight saved in f32.
@@ -305,12 +306,7 @@ impl TrainSession {
         from: &Path,
         rank: usize,
     ) -> Result<Resumed, RuntimeError> {
-        let strategy_file = self
-            .config
-            .output()
-            .resume_strategy
-            .clone()
-            .unwrap_or_else(|| from.join("strategy.json"));
+        let source = crate::resume_check::resume_source(self, from)?;
         let states = self.config.optimizer_config().kind.state_names();
         let mut targets: Vec<(String, TensorLayout)> = Vec::new();
         for (i, p) in self.train.params.iter().enumerate() {
@@ -321,11 +317,7 @@ impl TrainSession {
         }
         let masters_wanted = self.config.train().precision.has_master_weights();
         let saved_names: Vec<String> = match masters_wanted {
-            true => ckpt::Strategy::load(&strategy_file)?
-                .params
-                .into_iter()
-                .map(|p| p.name)
-                .collect(),
+            true => crate::resume_check::saved_names(from, &source)?,
             false => Vec::new(),
         };
         for &i in trainable {
@@ -347,7 +339,7 @@ impl TrainSession {
             targets.iter().map(|(n, l)| (n.as_str(), l)).collect();
         // One tensor in memory at a time beside the executor's own buffers (all at once, a
         // resume held a second copy of the rank's parameters and optimizer state).
-        ckpt::for_each_rank_tensor(from, &strategy_file, rank, &asked, |name, tensor| {
+        ckpt::for_each_rank_tensor(from, source.as_ckpt(), rank, &asked, |name, tensor| {
             // Training stops at a non-finite loss, so a saved tensor holds none: one here is
             // damage (a file changed in place keeps the size the set marker checks).
             if !exec::all_finite(&tensor) {
