@@ -477,6 +477,40 @@ fn read_parameters<'py>(
     Ok(out)
 }
 
+/// The parameter values `[(value id, array)]` a forward run is given, as tensors (their sizes
+/// checked before the copy is allocated).
+fn parameter_tensors(
+    params: &[(usize, PyReadonlyArrayDyn<'_, f32>)],
+) -> PyResult<Vec<(ValueId, Tensor)>> {
+    let mut values = Vec::with_capacity(params.len());
+    for (id, array) in params {
+        let what = format!("parameter value {id}");
+        let data = collect_array(&what, array.len(), array.as_array().iter().copied())?;
+        let t = Tensor::from_vec(array.shape(), data)
+            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+        values.push((ValueId(*id), t));
+    }
+    Ok(values)
+}
+
+/// Sets the executor's parameter `values`; a value of another shape than the graph's is an
+/// error naming it.
+fn set_parameters(exec: &mut Executor, values: &[(ValueId, Tensor)]) -> Result<(), String> {
+    for (id, t) in values {
+        let slot = exec.value_mut(*id).map_err(|e| e.to_string())?;
+        if slot.shape() != t.shape() {
+            return Err(format!(
+                "parameter value {} has shape {:?}; the graph's is {:?}",
+                id.0,
+                t.shape(),
+                slot.shape()
+            ));
+        }
+        *slot = t.clone();
+    }
+    Ok(())
+}
+
 /// The value `output` of the network traced into `builder` for every sample of `inputs`
 /// (f32 or i32, `[samples, ..sample shape]`), run forward only on one device by the engine's
 /// executor with the parameters set to `params` (`[(value id, array)]`), batch by batch (the
@@ -527,29 +561,11 @@ fn forward_network<'py>(
         ))
     })?;
     let mut out_buffer: Vec<f32> = collect_array("the output", total, std::iter::empty())?;
-    let mut values = Vec::with_capacity(params.len());
-    for (id, array) in &params {
-        let what = format!("parameter value {id}");
-        let data = collect_array(&what, array.len(), array.as_array().iter().copied())?;
-        let t = Tensor::from_vec(array.shape(), data)
-            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-        values.push((ValueId(*id), t));
-    }
+    let values = parameter_tensors(&params)?;
     let result = py.detach(|| -> Result<Vec<f32>, String> {
         let mut exec =
             Executor::with_outputs(&graph, &[ValueId(output)]).map_err(|e| e.to_string())?;
-        for (id, t) in &values {
-            let slot = exec.value_mut(*id).map_err(|e| e.to_string())?;
-            if slot.shape() != t.shape() {
-                return Err(format!(
-                    "parameter value {} has shape {:?}; the graph's is {:?}",
-                    id.0,
-                    t.shape(),
-                    slot.shape()
-                ));
-            }
-            *slot = t.clone();
-        }
+        set_parameters(&mut exec, &values)?;
         let mut out = std::mem::take(&mut out_buffer);
         let mut start = 0;
         while start < samples {
@@ -659,29 +675,11 @@ fn forward_outputs<'py>(
         let buffer: Vec<f32> = collect_array("an output", total, std::iter::empty())?;
         shapes.push((shape, buffer));
     }
-    let mut values = Vec::with_capacity(params.len());
-    for (id, array) in &params {
-        let what = format!("parameter value {id}");
-        let data = collect_array(&what, array.len(), array.as_array().iter().copied())?;
-        let t = Tensor::from_vec(array.shape(), data)
-            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-        values.push((ValueId(*id), t));
-    }
+    let values = parameter_tensors(&params)?;
     let ids: Vec<ValueId> = outputs.iter().map(|&o| ValueId(o)).collect();
     let result = py.detach(|| -> Result<Vec<ShapedValues>, String> {
         let mut exec = Executor::with_outputs(&graph, &ids).map_err(|e| e.to_string())?;
-        for (id, t) in &values {
-            let slot = exec.value_mut(*id).map_err(|e| e.to_string())?;
-            if slot.shape() != t.shape() {
-                return Err(format!(
-                    "parameter value {} has shape {:?}; the graph's is {:?}",
-                    id.0,
-                    t.shape(),
-                    slot.shape()
-                ));
-            }
-            *slot = t.clone();
-        }
+        set_parameters(&mut exec, &values)?;
         for run in 0..runs {
             let rows: Vec<usize> = (run * batch..(run + 1) * batch).collect();
             for (id, data, in_shape) in &fed {
