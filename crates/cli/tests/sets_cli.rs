@@ -632,24 +632,14 @@ fn a_set_converted_to_ckpt_format_resumes_as_the_original() {
     let scratch = Scratch::new("resume-ckpt-format");
     let dir = &scratch.0;
     let (half, whole, conv) = (dir.join("half"), dir.join("whole"), dir.join("conv"));
-    let mut first = train_cmd(&half, 8);
-    first.args(["--set", "train.max_steps=2"]);
-    assert!(first.status().unwrap().success());
+    train_two_steps(&half);
     assert!(train_cmd(&whole, 8).status().unwrap().success());
-    assert_ok(&tessera(&[
-        "ckpt",
-        "convert",
-        "--src",
-        s(&half),
-        "--src-strategy",
-        s(&half.join("strategy.json")),
-        "--dst",
-        s(&conv),
-        "--dst-strategy",
-        s(&half.join("strategy.json")),
-        "--format",
-        "ckpt",
-    ]));
+    convert_set(
+        &half,
+        &conv,
+        Some(&half.join("strategy.json")),
+        Some("ckpt"),
+    );
     assert!(conv.join("rank_7/checkpoint_7.ckpt").is_file());
     let resume = |from: &Path, out: &Path, devices: usize| {
         let mut cmd = train_cmd(out, devices);
@@ -690,9 +680,7 @@ fn a_merged_set_without_a_strategy_resumes_as_the_sharded_original() {
     let scratch = Scratch::new("resume-merged");
     let dir = &scratch.0;
     let half = dir.join("half");
-    let mut first = train_cmd(&half, 8);
-    first.args(["--set", "train.max_steps=2"]);
-    assert!(first.status().unwrap().success());
+    train_two_steps(&half);
     let mut from_original = Vec::new();
     for devices in [8, 2] {
         let out = dir.join(format!("original_{devices}"));
@@ -701,18 +689,7 @@ fn a_merged_set_without_a_strategy_resumes_as_the_sharded_original() {
     }
     for format in ["safetensors", "ckpt"] {
         let merged = dir.join(format!("merged_{format}"));
-        assert_ok(&tessera(&[
-            "ckpt",
-            "convert",
-            "--src",
-            s(&half),
-            "--src-strategy",
-            s(&half.join("strategy.json")),
-            "--dst",
-            s(&merged),
-            "--format",
-            format,
-        ]));
+        convert_set(&half, &merged, None, Some(format));
         assert!(merged
             .join(format!("rank_0/checkpoint_0.{format}"))
             .is_file());
@@ -736,9 +713,7 @@ fn a_set_without_a_strategy_resumes_only_when_merged() {
     let scratch = Scratch::new("resume-unmerged");
     let dir = &scratch.0;
     let half = dir.join("half");
-    let mut first = train_cmd(&half, 8);
-    first.args(["--set", "train.max_steps=2"]);
-    assert!(first.status().unwrap().success());
+    train_two_steps(&half);
     let copy_ranks = |to: &Path, ranks: &[usize]| {
         for r in ranks {
             let name = format!("rank_{r}/checkpoint_{r}.safetensors");
@@ -786,15 +761,36 @@ fn a_set_without_a_strategy_resumes_only_when_merged() {
 
 /// `tessera ckpt convert` of the set `src` into `dst` with no destination strategy (merged).
 fn tessera_merged(src: &Path, dst: &Path) -> std::path::PathBuf {
-    assert_ok(&tessera(&[
+    convert_set(src, dst, None, None);
+    dst.to_path_buf()
+}
+
+/// The 8-device run of `train_cmd` stopped after 2 of its 4 steps, its set in `out`.
+fn train_two_steps(out: &Path) {
+    let mut first = train_cmd(out, 8);
+    first.args(["--set", "train.max_steps=2"]);
+    assert!(first.status().unwrap().success());
+}
+
+/// `tessera ckpt convert` of the run `src` (its `strategy.json`) into `dst`: to `dst_strategy`,
+/// or merged into rank 0 without one, in `format` or the source's.
+fn convert_set(src: &Path, dst: &Path, dst_strategy: Option<&Path>, format: Option<&str>) {
+    let src_strategy = src.join("strategy.json");
+    let mut args = vec![
         "ckpt",
         "convert",
         "--src",
         s(src),
         "--src-strategy",
-        s(&src.join("strategy.json")),
+        s(&src_strategy),
         "--dst",
         s(dst),
-    ]));
-    dst.to_path_buf()
+    ];
+    if let Some(strategy) = dst_strategy {
+        args.extend(["--dst-strategy", s(strategy)]);
+    }
+    if let Some(format) = format {
+        args.extend(["--format", format]);
+    }
+    assert_ok(&tessera(&args));
 }
