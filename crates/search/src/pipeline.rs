@@ -33,7 +33,8 @@ use std::time::Duration;
 
 use graph::Graph;
 use parallel::pipeline::{
-    layer_of, node_stages, simulate, stage_ranks, Durations, PipelineConfig, Scheduler, MAX_STAGES,
+    layer_of, node_stages, simulate, stage_ranks, staged_layer_of, Durations, PipelineConfig,
+    Scheduler, MAX_STAGES,
 };
 use parallel::rules::strategy::PipelineStage;
 use parallel::{ParallelConfig, ParallelError, SearchMode};
@@ -110,19 +111,28 @@ struct LayerCost {
     activations: f64,
 }
 
+/// Layers in model order, each with the names of its forward ops.
+type Layers = Vec<(String, Vec<String>)>;
+
 /// The layers of `graph` in order, with the forward ops (those searched) of each.
 fn model_layers(graph: &Graph) -> Vec<(String, Vec<String>)> {
+    layers_by(graph, |_, name| layer_of(name).to_string())
+}
+
+/// The forward ops (those searched) of `graph` grouped by `layer(node id, node name)`, the
+/// groups in the order of their first op.
+fn layers_by(graph: &Graph, layer: impl Fn(usize, &str) -> String) -> Vec<(String, Vec<String>)> {
     let mut layers: Vec<(String, Vec<String>)> = Vec::new();
-    for node in graph.nodes() {
+    for (id, node) in graph.nodes().iter().enumerate() {
         if node.role != graph::NodeRole::Forward || node.inputs.is_empty() {
             continue;
         }
-        let layer = layer_of(&node.name);
+        let layer = layer(id, &node.name);
         match layers.last_mut() {
-            Some((name, ops)) if name == layer => ops.push(node.name.clone()),
-            _ => match layers.iter_mut().find(|(name, _)| name == layer) {
+            Some((name, ops)) if *name == layer => ops.push(node.name.clone()),
+            _ => match layers.iter_mut().find(|(name, _)| *name == layer) {
                 Some((_, ops)) => ops.push(node.name.clone()),
-                None => layers.push((layer.to_string(), vec![node.name.clone()])),
+                None => layers.push((layer, vec![node.name.clone()])),
             },
         }
     }
@@ -696,9 +706,7 @@ pub(crate) fn plan_loaded_stages(
         .pipeline
         .as_ref()
         .filter(|p| p.stages == stages)
-        .filter(|p| {
-            configured_stage_of_layer(planner, p, &layers).is_ok_and(|c| c == stage_of_layer)
-        })
+        .filter(|p| places_as_loaded(planner, p, stage_of_op))
         .cloned();
     if configured.is_none() && stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
         return Err(bad(
@@ -730,26 +738,51 @@ pub(crate) fn plan_loaded_stages(
     })
 }
 
-/// The stage of every layer of `layers` as the run places `pipeline`:
-/// [`node_stages`] (`stage_config`, or the even cut by parameter counts).
-fn configured_stage_of_layer(
+/// The layers of the model as the run places `pipeline` ([`node_stages`]: `stage_config`, or
+/// the even cut by parameter counts), each with its stage: a cell a `stage_config` key names
+/// below one of [`layer_of`]'s layers is a layer of its own ([`staged_layer_of`]), and the ops
+/// of a cell the run raises to a later stage (a call reading that stage's output) a layer apart,
+/// so that every op is costed on the stage it runs on.
+fn configured_layers(
     planner: &Planner<'_>,
     pipeline: &PipelineConfig,
-    layers: &[(String, Vec<String>)],
-) -> Result<Vec<usize>, SearchError> {
+) -> Result<(Layers, Vec<usize>), SearchError> {
     let graph = planner.model.graph();
     let placed = node_stages(graph, pipeline).map_err(|e| ParallelError::Setting {
         setting: "pipeline",
         reason: e.to_string(),
     })?;
-    Ok(layers
+    let keys = &pipeline.stage_config;
+    let layers = layers_by(graph, |id, name| {
+        format!("{}@{}", staged_layer_of(name, keys), placed.nodes[id])
+    });
+    let stages = layers
         .iter()
         .map(|(_, ops)| {
             ops.first()
                 .and_then(|op| graph.node_by_name(op))
                 .map_or(0, |id| placed.nodes[id.0])
         })
-        .collect())
+        .collect();
+    Ok((layers, stages))
+}
+
+/// Whether the run places every op of `stage_of_op` (a loaded strategy file's stages) on the
+/// stage the file gives it, under `pipeline` ([`node_stages`]).
+fn places_as_loaded(
+    planner: &Planner<'_>,
+    pipeline: &PipelineConfig,
+    stage_of_op: &BTreeMap<String, usize>,
+) -> bool {
+    let graph = planner.model.graph();
+    let Ok(placed) = node_stages(graph, pipeline) else {
+        return false;
+    };
+    stage_of_op.iter().all(|(op, &stage)| {
+        graph
+            .node_by_name(op)
+            .is_none_or(|id| placed.nodes[id.0] == stage)
+    })
 }
 
 /// The pipeline `[parallel.pipeline]` configures (several stages, without
@@ -772,8 +805,7 @@ pub(crate) fn plan_configured_stages(
         }
     };
     planner.parallel.validate_pipeline()?;
-    let layers = model_layers(planner.model.graph());
-    let stage_of_layer = configured_stage_of_layer(planner, &pipeline, &layers)?;
+    let (layers, stage_of_layer) = configured_layers(planner, &pipeline)?;
     let stages = pipeline.stages;
     let shape = shape_of(pipeline.clone(), true)?.ok_or_else(|| SearchError::Config {
         key: "parallel.pipeline".to_string(),
