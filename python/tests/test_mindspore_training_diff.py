@@ -9,7 +9,11 @@ metrics of the trained network (``ms_eval.<name>``). Regenerate with ``--fixture
 (see the script): ``eval_embedding_ce`` is ``--seed 1000 --no-dp --only 8``, ``eval_mse_sum``
 ``--only 29`` of the same, ``momentum_embedding_sum_div3_dp_sum_grads`` ``--seed 1000
 --dp-every 1 --only 625``, each with ``--two-rounds`` (the fixtures predate the script's third
-round of draws, Sigmoid and SiLU).
+round of draws, Sigmoid and SiLU). The ``losscell_*`` fixtures (the fifth round: a loss Cell of
+one's own, ``construct(self, x, mask, y)`` with a mask column) are ``--seed 5000 --dp-every 1
+--only I`` for I = 406 (``mse_times_inv_rows``), 593 (``masked_ce_predict``, which also holds
+MindSpore's ``Model.predict`` of the trained network, ``ms_final.__predict__``), 295
+(``masked_nll_div_neg_rows``) and 541 (``mse_times_neg_inv_rows``).
 
 MindSpore 2.10's CPU ``ApplyMomentum`` ignores ``use_nesterov`` (docs/MINDSPORE_DIFFERENCES.md,
 difference 16): for ``Momentum(use_nesterov=True)`` the fixture holds MindSpore's
@@ -52,20 +56,32 @@ def _script():
 SCRIPT = _script()
 
 
-def _train(case, arrays, metrics=None):
+def _train(case, arrays, metrics=None, predict=False):
     net, loss = SCRIPT.build(tessera, case, arrays)
     opt = SCRIPT.make_opt(tessera, case, net)
+    # A loss Cell of one's own (the script's fifth round) takes the columns positionally:
+    # (data, mask, label) when the case has a mask.
+    columns = {"data": arrays["x"]}
+    if "mask" in arrays:
+        columns["mask"] = arrays["mask"]
+    columns["label"] = arrays["y"]
 
     def source():
-        return tessera.dataset.NumpySlicesDataset({"data": arrays["x"], "label": arrays["y"]},
-                                                  shuffle=False)
+        return tessera.dataset.NumpySlicesDataset(columns, shuffle=False)
 
+    own = SCRIPT.loss_cell(tessera, case, net, loss)
     if case["wrap"]:
-        model = tessera.train.Model(nn.TrainOneStepCell(nn.WithLossCell(net, loss), opt))
+        with_loss = own if own is not None else nn.WithLossCell(net, loss)
+        model = tessera.train.Model(nn.TrainOneStepCell(with_loss, opt))
+    elif own is not None:
+        model = tessera.train.Model(own, optimizer=opt)
     else:
         model = tessera.train.Model(net, loss, opt, metrics=metrics)
     model.train(case["epochs"], source().batch(case["batch"]))
     weights = {n: p.asnumpy() for n, p in net.parameters_and_names()}
+    if predict:
+        weights["__predict__"] = tessera.train.Model(net).predict(
+            tessera.Tensor(arrays["x"])).asnumpy()
     if metrics:
         eb = case.get("eval_batch", case["batch"])
         return model.eval(source().batch(eb, drop_remainder=len(arrays["x"]) % eb != 0))
@@ -100,7 +116,8 @@ def test_the_fixtures_are_there_and_small():
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_stand_alone_training_gives_mindspore_s_numbers(path, fresh_context):
     case, data = _load(path)
-    losses, weights = _train(case, data)
+    # Model.predict of the trained network, when the fixture holds MindSpore's.
+    losses, weights = _train(case, data, predict="ms_final.__predict__" in data)
     _check(losses, weights, data, "ms")
 
 
@@ -111,7 +128,9 @@ def test_data_parallel_training_gives_mindspore_s_numbers(path, fresh_context):
     # = global / 2; the step's loss is the ranks' mean (reduction "mean") or sum. Tessera: the
     # global batch on 2 devices. With gradients_mean=False MindSpore sums the ranks' gradients
     # of their local means: twice the global mean's (the MSE cases failed here: Tessera's
-    # engine did not scale a loss whose rows are summed whole, MSELoss's ReduceMean).
+    # engine did not scale a loss whose rows are summed whole, MSELoss's ReduceMean; nor a
+    # loss Cell's sum times 1 / x.shape[0], nor one over -x.shape[0] or times -1 / x.shape[0],
+    # the losscell_* fixtures, each taken for a sum).
     case, data = _load(path)
     tessera.set_auto_parallel_context(device_num=2, parallel_mode="data_parallel",
                                       gradients_mean=case["dp"]["gradients_mean"])

@@ -640,11 +640,12 @@ fn grad_scale(placed: &PlacedGraph, request: &LowerRequest) -> f64 {
 /// forward pass, the first value computed as a sum pending over ranks (the rows' sum of a
 /// `SparseSoftmaxCrossEntropy`, the `ReduceSum` over rows of a loss built from primitive ops),
 /// or the first reduction over the rows that reads them whole and whose result is divided (a
-/// mean such as `MSELoss`'s, a `ReduceSum` to a scalar then a `Div`: its default strategy
-/// gathers the rows first), whose rows' split as they were produced counts. (MindSpore's ranks
-/// each divide by their own row count, so their mean gradients add up to the shard count times
-/// the global mean's; a sum's add up to the global sum's, scale 1.) 1 when nothing on the way is
-/// split; `None` when the graph seeds no loss.
+/// mean such as `MSELoss`'s, a `ReduceSum` to a scalar then a `Div`, or a `Mul` by the
+/// reciprocal of a count of the rows: its default strategy gathers the rows first), whose rows'
+/// split as they were produced counts. (MindSpore's ranks each divide by their own row count,
+/// so their mean gradients add up to the shard count times the global mean's; a sum's add up
+/// to the global sum's, scale 1.) 1 when nothing on the way is split; `None` when the graph
+/// seeds no loss.
 fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
     let graph = &placed.graph;
     let loss = graph.nodes().iter().find_map(|n| match (&n.role, &n.op) {
@@ -667,7 +668,11 @@ fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
         }
         let divided = reader.is_some_and(|r: NodeId| {
             let r = &graph.nodes()[r.0];
-            r.op == Op::Div && r.inputs.first() == Some(&value) && divides_by_rows(graph, r, node)
+            match r.op {
+                Op::Div => r.inputs.first() == Some(&value) && divides_by_rows(graph, r, node),
+                Op::Mul => multiplies_by_inverse_rows(graph, r, value, node),
+                _ => false,
+            }
         });
         let rows = if divided {
             gathered_rows_split(placed, node)
@@ -687,11 +692,12 @@ fn loss_batch_shards(placed: &PlacedGraph) -> Option<usize> {
 }
 
 /// Whether `div` (the reader of `reduction`'s output) divides by a count of the rows: a
-/// divisor computed in the graph, or a constant that is a whole multiple of the reduction
-/// input's dim 0 (a mean's element count, a division by the batch size), which each MindSpore
-/// rank takes from its own rows. A division by another constant (`Σ (y − t)² / 3`) scales a
-/// sum: MindSpore's ranks divide by the same constant, and their gradients add up to the global
-/// loss's (scale 1; it was taken for a mean and doubled on 2 ranks).
+/// divisor computed in the graph, or a constant whose magnitude is a whole multiple of the
+/// reduction input's dim 0 (a mean's element count, a division by the batch size, or by minus
+/// it), which each MindSpore rank takes from its own rows. A division by another constant
+/// (`Σ (y − t)² / 3`) scales a sum: MindSpore's ranks divide by the same constant, and their
+/// gradients add up to the global loss's (scale 1; it was taken for a mean and doubled on 2
+/// ranks).
 fn divides_by_rows(graph: &graph::Graph, div: &graph::Node, reduction: NodeId) -> bool {
     let Some(divisor) = div.inputs.get(1) else {
         return false;
@@ -702,13 +708,54 @@ fn divides_by_rows(graph: &graph::Graph, div: &graph::Node, reduction: NodeId) -
     let Op::Fill { value, .. } = &graph.nodes()[producer.0].op else {
         return true;
     };
-    let rows = graph.nodes()[reduction.0]
+    // A negative count (`Σ log p / -n`, a negative log-likelihood's mean) counts as well.
+    let ratio = value.abs() / reduced_rows(graph, reduction);
+    ratio >= 1.0 && ratio.fract() == 0.0
+}
+
+/// Whether `mul` (the reader of `reduction`'s output `value`) multiplies it by the reciprocal
+/// of a count of the rows: the other factor a constant `c` with `|1 / c|` a whole multiple of
+/// the reduction input's dim 0 (`Σ · (1 / x.shape[0])`, `Σ · (-1 / count)`), the mean
+/// [`divides_by_rows`] finds for a division, which each MindSpore rank takes from its own rows.
+/// (It was taken for a sum, so `gradients_mean = False` on 2 ranks got half MindSpore's
+/// gradient.) Another constant (`0.5 · Σ`) scales a sum, and a computed factor is no count.
+fn multiplies_by_inverse_rows(
+    graph: &graph::Graph,
+    mul: &graph::Node,
+    value: ValueId,
+    reduction: NodeId,
+) -> bool {
+    let [a, b] = mul.inputs[..] else {
+        return false;
+    };
+    let factor = match (a == value, b == value) {
+        (true, false) => b,
+        (false, true) => a,
+        _ => return false,
+    };
+    let Some((producer, _)) = graph.values()[factor.0].producer else {
+        return false;
+    };
+    let Op::Fill { value: c, .. } = &graph.nodes()[producer.0].op else {
+        return false;
+    };
+    if !(*c != 0.0 && c.is_finite()) {
+        return false;
+    }
+    // 1 / c is rounded (1/6 is not exact, in f32 still less): a whole multiple within rounding;
+    // negative for a negative log-likelihood's mean (`Σ log p · (-1 / n)`).
+    let ratio = 1.0 / (c.abs() * reduced_rows(graph, reduction));
+    let whole = ratio.round();
+    whole >= 1.0 && (ratio - whole).abs() <= 1e-6 * whole
+}
+
+/// The dim 0 (rows) of `reduction`'s input, 1 when it has none.
+fn reduced_rows(graph: &graph::Graph, reduction: NodeId) -> f64 {
+    graph.nodes()[reduction.0]
         .inputs
         .first()
         .and_then(|input| graph.values()[input.0].shape.first().copied())
-        .unwrap_or(1) as f64;
-    let ratio = value / rows;
-    ratio >= 1.0 && ratio.fract() == 0.0
+        .unwrap_or(1) as f64
 }
 
 /// For a reduction over dim 0 (the rows), the split of its input's dim 0 as the input was

@@ -50,4 +50,58 @@ fn a_sum_divided_by_a_constant_keeps_scale_one_and_by_the_batch_size_is_a_mean()
     assert_eq!(grad_scale_divided(Some(0.5), false), 1.0, "Σ / 0.5");
     assert_eq!(grad_scale_divided(Some(8.0), false), 2.0, "Σ / rows");
     assert_eq!(grad_scale_divided(Some(24.0), false), 2.0, "Σ / elements");
+    // A negative log-likelihood's mean, `Σ log p / -n`: a mean too (it was taken for a sum).
+    assert_eq!(grad_scale_divided(Some(-8.0), false), 2.0, "Σ / -rows");
+    assert_eq!(grad_scale_divided(Some(-3.0), false), 1.0, "Σ / -3");
+}
+
+/// `Program::grad_scale` of `Σ (y − t)²` over 8 rows of 3 times the constant `factor` (the
+/// constant first when `factor_first`), on 2 devices with `gradients_mean` off.
+fn grad_scale_multiplied(factor: f64, factor_first: bool) -> f64 {
+    let mut b = GraphBuilder::with_float_dtype(DType::F32);
+    let x = b.input("x", &[8, 4], DType::F32).unwrap();
+    let t = b.input("t", &[8, 3], DType::F32).unwrap();
+    let w = b.parameter("w", &[4, 3], Initializer::normal(1.0)).unwrap();
+    let y = b.matmul("y", x, w).unwrap();
+    let d = b.sub("d", y, t).unwrap();
+    let sq = b.mul("sq", d, d).unwrap();
+    let sum = b.reduce_sum("sum", sq, &[], false).unwrap();
+    let c = b.fill("factor", &[], factor).unwrap();
+    let loss = if factor_first {
+        b.mul("loss", c, sum).unwrap()
+    } else {
+        b.mul("loss", sum, c).unwrap()
+    };
+    let graph = b.finish();
+    let mut config = ParallelConfig::new(ParallelMode::DataParallel, 2);
+    config.gradients_mean = false;
+    compile_training(&graph, loss, &config).unwrap().grad_scale
+}
+
+/// A sum times the reciprocal of the rows (`Σ · (1 / x.shape[0])`, each MindSpore rank's own
+/// rows) is a mean, as `Σ / x.shape[0]` is: MindSpore's ranks' gradients add up to twice the
+/// global mean's on 2 ranks. It was taken for a sum (scale 1, half MindSpore's step; found by
+/// `scripts/mindspore-train-diff.py --seed 3000 --dp-every 1 --only 65`). A sum times another
+/// constant stays a sum.
+#[test]
+fn a_sum_times_the_reciprocal_of_the_rows_is_a_mean_and_times_another_constant_a_sum() {
+    for first in [false, true] {
+        assert_eq!(grad_scale_multiplied(1.0 / 8.0, first), 2.0, "Σ · 1/rows");
+        assert_eq!(
+            grad_scale_multiplied(1.0 / 24.0, first),
+            2.0,
+            "Σ · 1/elements"
+        );
+        assert_eq!(
+            grad_scale_multiplied(f64::from(1.0f32 / 24.0), first),
+            2.0,
+            "f32 1/24"
+        );
+        assert_eq!(grad_scale_multiplied(0.5, first), 1.0, "Σ · 0.5");
+        assert_eq!(grad_scale_multiplied(1.0 / 3.0, first), 1.0, "Σ · 1/3");
+        assert_eq!(grad_scale_multiplied(1.0 / 12.0, first), 1.0, "Σ · 1/12");
+        assert_eq!(grad_scale_multiplied(2.0, first), 1.0, "Σ · 2");
+        assert_eq!(grad_scale_multiplied(-1.0 / 8.0, first), 2.0, "Σ · -1/rows");
+        assert_eq!(grad_scale_multiplied(-0.5, first), 1.0, "Σ · -0.5");
+    }
 }
