@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tensor::DType;
+
 use graph::models::{seed_mlp, Model};
-use graph::Graph;
+use graph::{nn, Graph, GraphBuilder};
 use parallel::pipeline::{node_stages, PipelineConfig, Scheduler};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
@@ -14,11 +16,14 @@ use search::{
     PlanRequest, SearchError, SearchMode, Strategies,
 };
 
-/// The seed MLP of a batch of `batch`, rebuilt for any other batch.
+/// The seed MLP of a batch of `batch`, rebuilt for any other batch; `nested`: its ops named as
+/// the cells of a loss cell of one's own name them (`net.fc1.matmul`, ... inside the engine's
+/// pipeline layer `net`).
 struct Mlp {
     batch: usize,
     image: [usize; 2],
     hidden: usize,
+    nested: bool,
     model: Model,
 }
 
@@ -33,7 +38,45 @@ impl Mlp {
             batch,
             image,
             hidden,
+            nested: false,
             model: seed_mlp(batch, &image, hidden, 4).expect("the seed MLP"),
+        }
+    }
+
+    /// An MLP like the seed's, of `Dense` cells called inside a cell `net` (ops
+    /// `net.flatten`, `net.fc<i>.matmul`, ..., `net.loss`).
+    fn nested(batch: usize, image: [usize; 2], hidden: usize) -> Mlp {
+        let build = || -> Result<Model, graph::GraphError> {
+            let mut b = GraphBuilder::new();
+            let x = b.input("x", &[batch, image[0], image[1]], DType::F32)?;
+            let labels = b.input("labels", &[batch], DType::I32)?;
+            let relu = nn::Activation::Relu;
+            let h = b.flatten("net.flatten", x)?;
+            let fc1 = nn::Dense::new(image[0] * image[1], hidden).activation(relu);
+            let h = b.call("net.fc1", &fc1, h)?;
+            let h = b.call(
+                "net.fc2",
+                &nn::Dense::new(hidden, hidden).activation(relu),
+                h,
+            )?;
+            let logits = b.call("net.fc3", &nn::Dense::new(hidden, 4), h)?;
+            let loss = b.sparse_softmax_cross_entropy("net.loss", logits, labels)?;
+            b.output(loss)?;
+            b.output(logits)?;
+            Ok(Model {
+                graph: b.finish(),
+                input: x,
+                labels,
+                logits,
+                loss,
+            })
+        };
+        Mlp {
+            batch,
+            image,
+            hidden,
+            nested: true,
+            model: build().expect("the nested MLP"),
         }
     }
 }
@@ -52,7 +95,10 @@ impl PlanModel for Mlp {
     }
 
     fn with_batch_size(&self, batch_size: usize) -> Result<Box<dyn PlanModel>, SearchError> {
-        Ok(Box::new(Mlp::wide(batch_size, self.image, self.hidden)))
+        Ok(Box::new(match self.nested {
+            true => Mlp::nested(batch_size, self.image, self.hidden),
+            false => Mlp::wide(batch_size, self.image, self.hidden),
+        }))
     }
 }
 
@@ -181,6 +227,24 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
     let mut applied = parallel.clone();
     fits.apply_to(&mut applied).expect("applied");
     assert_eq!(applied.pipeline, Some(pipeline));
+}
+
+/// A configured pipeline whose `stage_config` keys name cells below one of the engine's pipeline
+/// layers (`net.fc1`, `net.fc2` inside the layer `net`, as a loss cell of one's own names them)
+/// is planned with every op on the stage the run places it on: the search grouped the ops by
+/// the layers alone and charged all of `net` to stage 0.
+#[test]
+fn configured_stages_below_a_layer_are_planned_where_the_run_places_them() {
+    let model = Mlp::nested(8, [16, 16], 256);
+    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+    let mut pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    pipeline.stage_config = vec![("net.fc1".to_string(), 0), ("net.fc2".to_string(), 1)];
+    let mut parallel = ParallelConfig::new(mode, 4);
+    parallel.pipeline = Some(pipeline.clone());
+    let report = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
+    assert_staged_as_the_run_places(&model, &pipeline, &report);
+    assert_eq!(report.stage_of("net.fc1.matmul"), 0);
+    assert_eq!(report.stage_of("net.fc2.matmul"), 1);
 }
 
 /// Every op of `report` is on the stage the run places it on under `pipeline`, some op is on
