@@ -753,9 +753,14 @@ fn configured_layers(
         reason: e.to_string(),
     })?;
     let keys = &pipeline.stage_config;
-    let layers = layers_by(graph, |id, name| {
-        format!("{}@{}", staged_layer_of(name, keys), placed.nodes[id])
+    // Grouped by cell and stage (a NUL, which no node name holds, between them), then named by
+    // the cell alone, as the plan reports its layers.
+    let mut layers = layers_by(graph, |id, name| {
+        format!("{}\0{}", staged_layer_of(name, keys), placed.nodes[id])
     });
+    for (name, _) in &mut layers {
+        name.truncate(name.rfind('\0').unwrap_or(name.len()));
+    }
     let stages = layers
         .iter()
         .map(|(_, ops)| {
