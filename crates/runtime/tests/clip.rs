@@ -8,19 +8,10 @@ use std::sync::{Arc, Mutex};
 
 use runtime::{Callback, RuntimeError, Session, StepInfo, TrainConfig, TrainReport};
 
-use crate::run_util::{self, Run};
+use crate::run_util::{self, reference_overrides, semi, small_gpt_plain as small_gpt, Run};
 
 /// A clipping norm the small GPT's gradients exceed at every step (their norm is ~1).
 const TIGHT: &str = "train.max_grad_norm=0.05";
-
-fn small_gpt(out: &Path, optimizer: &str, parallel: &str, overrides: &[&str]) -> TrainConfig {
-    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    run_util::small_gpt(out, optimizer, "", parallel, &overrides)
-}
-
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
 
 /// Trains `config`: the report (every rank's norms checked equal) and the run.
 fn train(config: &TrainConfig) -> (TrainReport, Run) {
@@ -84,17 +75,6 @@ const LAYOUTS: &[(&str, usize, &str, usize)] = &[
         2,
     ),
 ];
-
-/// The one-device run a layout's run equals: `micro` micro-batches accumulated per step.
-fn reference_overrides(micro: usize) -> Vec<String> {
-    match micro {
-        1 => Vec::new(),
-        m => vec![
-            format!("data.batch_size={}", 8 / m),
-            format!("train.grad_accumulation_steps={m}"),
-        ],
-    }
-}
 
 /// Deterministic mode: under every layout the norm of every step is one device's bit for bit,
 /// the clip binds at every step, and the clipped run (losses, merged parameters) is one

@@ -23,10 +23,6 @@ fn config(
     run_util::small_gpt(out, optimizer, model_extra, parallel, &overrides)
 }
 
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
-
 fn train(config: &TrainConfig) -> Run {
     run_util::train_run(config, 20).1
 }
@@ -127,7 +123,7 @@ fn context_parallel_trains_like_one_device() {
             &out,
             "adam",
             model_extra,
-            &semi(*devices, parallel),
+            &run_util::semi(*devices, parallel),
             false,
         ));
         // Every step's loss within 1e-5 of one device's (measured: at most 2.2e-6); the
@@ -175,7 +171,7 @@ fn hsdp_shards_the_optimizer_over_the_context_parallel_ranks() {
     for (i, (name, devices, replicas, keys, level)) in cases.into_iter().enumerate() {
         let keys = format!("{keys}\n[parallel.hsdp]\noptimizer_level = \"{level}\"\nthreshold = 0");
         let out = tmp.path().join(format!("hsdp-{i}"));
-        let cfg = config(&out, "adam", fused, &semi(devices, &keys), false);
+        let cfg = config(&out, "adam", fused, &run_util::semi(devices, &keys), false);
         let (session, report, run) = run_util::train_report(&cfg);
         // Every replicated parameter is sharded over its replicas; the blocks' weights are
         // replicated over every dp and cp rank (the position table is split on cp instead).
@@ -231,7 +227,13 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
     ];
     for (i, (name, devices, parallel)) in cases.iter().enumerate() {
         let out = tmp.path().join(format!("det-{i}"));
-        let run = train(&config(&out, "adam", "", &semi(*devices, parallel), true));
+        let run = train(&config(
+            &out,
+            "adam",
+            "",
+            &run_util::semi(*devices, parallel),
+            true,
+        ));
         run_util::assert_bitwise_run(name, &run, &reference);
     }
     // The ring in deterministic mode attends in one device's order (its operands gathered
@@ -256,7 +258,13 @@ fn deterministic_context_parallel_is_bitwise_one_device() {
     for (i, (name, devices, parallel)) in ring.iter().enumerate() {
         let keys = format!("{parallel}\ncontext_parallel_algo = \"ring\"");
         let out = tmp.path().join(format!("det-ring-{i}"));
-        let run = train(&config(&out, "adam", fused, &semi(*devices, &keys), true));
+        let run = train(&config(
+            &out,
+            "adam",
+            fused,
+            &run_util::semi(*devices, &keys),
+            true,
+        ));
         run_util::assert_bitwise_run(name, &run, &reference);
     }
 }
@@ -300,7 +308,7 @@ fn ulysses_moves_activations_by_all_to_all_in_cp_groups() {
             tmp.path(),
             "adam",
             attention,
-            &semi(8, keys),
+            &run_util::semi(8, keys),
             false,
         ))
         .unwrap();
@@ -365,7 +373,7 @@ fn bad_context_parallel_settings_name_the_key() {
         ),
     ];
     for (keys, devices, needle) in bad {
-        let text = run_util::small_gpt_text(tmp.path(), "adam", "", &semi(devices, keys));
+        let text = run_util::small_gpt_text(tmp.path(), "adam", "", &run_util::semi(devices, keys));
         let err = match TrainConfig::parse(&text, None, &[], Path::new("/")) {
             Err(e) => e.to_string(),
             Ok(config) => Session::new(&config).unwrap_err().to_string(),
@@ -395,7 +403,10 @@ fn ring_attention_balances_odd_rings_and_keeps_odd_blocks_whole() {
     let reference = train(&short(&tmp.path().join("sa"), "mode = \"stand_alone\""));
     for (cp, placement) in [(3, "zigzag-balanced"), (4, "")] {
         let keys = format!("context_parallel = {cp}\ncontext_parallel_algo = \"ring\"");
-        let config = short(&tmp.path().join(format!("cp{cp}")), &semi(cp, &keys));
+        let config = short(
+            &tmp.path().join(format!("cp{cp}")),
+            &run_util::semi(cp, &keys),
+        );
         let plan = Session::new(&config).unwrap().train.explain();
         let line = format!(
             "ring attention over {cp} ranks (1 ring{}",
@@ -429,7 +440,7 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         tmp.path(),
         "adam",
         "fused_attention = true",
-        &semi(8, keys),
+        &run_util::semi(8, keys),
         false,
     ))
     .unwrap();
@@ -475,7 +486,7 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         tmp.path(),
         "adam",
         "fused_attention = true",
-        &semi(8, keys),
+        &run_util::semi(8, keys),
         true,
     ))
     .unwrap()
@@ -511,7 +522,7 @@ fn ring_attention_passes_blocks_around_cp_rings() {
         tmp.path(),
         "adam",
         "fused_attention = false",
-        &semi(8, keys),
+        &run_util::semi(8, keys),
         false,
     ))
     .unwrap_err()
@@ -546,7 +557,12 @@ fn four_cp_ranks_fit_a_four_times_longer_sequence_in_one_ranks_activations() {
     let long_alone = activations("long", "", "mode = \"stand_alone\"", 64);
     for algo in ["ring", "ulysses"] {
         let keys = format!("context_parallel = 4\ncontext_parallel_algo = \"{algo}\"");
-        let long_cp4 = activations(algo, "fused_attention = true", &semi(4, &keys), 64);
+        let long_cp4 = activations(
+            algo,
+            "fused_attention = true",
+            &run_util::semi(4, &keys),
+            64,
+        );
         assert!(
             long_cp4 <= today,
             "{algo}: {long_cp4} B of activations per rank at 64 tokens over cp 4, {today} B on one device at 16 tokens"
@@ -585,7 +601,7 @@ fn half_precision_ring_attention_trains_like_one_device() {
         let one = run("one device", "mode = \"stand_alone\"");
         for cp in [2, 4] {
             let keys = format!("context_parallel = {cp}\ncontext_parallel_algo = \"ring\"");
-            let ring = run(&format!("ring cp {cp}"), &semi(cp, &keys));
+            let ring = run(&format!("ring cp {cp}"), &run_util::semi(cp, &keys));
             run_util::assert_losses_within(&format!("{precision} ring cp {cp}"), &ring, &one, 1e-3);
         }
     }
@@ -608,12 +624,12 @@ fn checkpoints_resume_under_other_context_parallel_degrees() {
     let first = tmp.path().join("first");
     let ring = "data_parallel = 2\ncontext_parallel = 2\ncontext_parallel_algo = \"ring\"";
     let half = ["train.max_steps=10".to_string()];
-    let first_config = run_util::small_gpt(&first, "adam", fused, &semi(4, ring), &half);
+    let first_config = run_util::small_gpt(&first, "adam", fused, &run_util::semi(4, ring), &half);
     let first_losses = run_util::train_steps(&first_config, 10).1;
     let resume = [format!("output.resume_from=\"{}\"", first.display())];
     let seconds = [
-        ("ulysses cp 4", semi(4, "context_parallel = 4")),
-        ("dp 2", semi(2, "model_parallel = 1")),
+        ("ulysses cp 4", run_util::semi(4, "context_parallel = 4")),
+        ("dp 2", run_util::semi(2, "model_parallel = 1")),
         ("one device", "mode = \"stand_alone\"".to_string()),
     ];
     for (i, (what, parallel)) in seconds.iter().enumerate() {

@@ -36,10 +36,6 @@ fn assert_same_run(what: &str, run: &Run, reference: &Run) {
     run_util::assert_same_run(what, run, reference, 2e-4);
 }
 
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
-
 /// Configurations as (name, devices, optimizer, `[model]` extra, `[parallel]` keys).
 const CASES: &[(&str, usize, &str, &str, &str)] = &[
     ("data parallel 8", 8, "momentum", "", "model_parallel = 1"),
@@ -134,7 +130,7 @@ fn gpt_configurations_match_one_device() {
             &out,
             optimizer,
             model_extra,
-            &semi(*devices, parallel),
+            &run_util::semi(*devices, parallel),
         ));
         assert_same_run(name, &run, &references[&key]);
     }
@@ -171,14 +167,14 @@ fn manual_split_tables_train_like_one_device() {
             &out,
             "momentum",
             model_extra,
-            &semi(*devices, parallel),
+            &run_util::semi(*devices, parallel),
         ));
         assert_same_run(name, &run, &reference);
         let explain = Session::new(&config(
             &out,
             "momentum",
             model_extra,
-            &semi(*devices, parallel),
+            &run_util::semi(*devices, parallel),
         ))
         .unwrap()
         .train
@@ -262,7 +258,12 @@ fn pipeline_stages_train_like_one_device() {
     ];
     for (i, (name, devices, parallel)) in cases.iter().enumerate() {
         let out = tmp.path().join(format!("pipe-{i}"));
-        let run = train(&config(&out, "momentum", "", &semi(*devices, parallel)));
+        let run = train(&config(
+            &out,
+            "momentum",
+            "",
+            &run_util::semi(*devices, parallel),
+        ));
         assert_same_run(name, &run, &reference);
         // One MindSpore strategy file per stage, which merge into the run's merged file.
         let stages = out.join(runtime::STAGE_STRATEGY_DIR);
@@ -290,7 +291,12 @@ fn pipeline_stages_train_like_one_device() {
         let parallel = format!(
             "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"interleaved_1f1b\"\nvirtual_stages = 2"
         );
-        let run = train(&config(&out, "momentum", "", &semi(stages, &parallel)));
+        let run = train(&config(
+            &out,
+            "momentum",
+            "",
+            &run_util::semi(stages, &parallel),
+        ));
         assert_same_run(
             &format!("interleaved 1F1B, {stages} stages × 2 chunks, {micro} micro-batches"),
             &run,
@@ -307,7 +313,12 @@ fn pipeline_stages_train_like_one_device() {
                 let parallel = format!(
                     "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"{scheduler}\""
                 );
-                let run = train(&config(&out, "momentum", "", &semi(stages, &parallel)));
+                let run = train(&config(
+                    &out,
+                    "momentum",
+                    "",
+                    &run_util::semi(stages, &parallel),
+                ));
                 assert_same_run(
                     &format!("{scheduler}, {stages} stages, {micro} micro-batches"),
                     &run,
@@ -371,7 +382,13 @@ fn deterministic_runs_are_bitwise_one_device() {
         }
         let reference = &references[optimizer];
         let out = tmp.path().join(format!("det-{i}"));
-        let run_config = config_with(&out, optimizer, "", &semi(*devices, parallel), &det);
+        let run_config = config_with(
+            &out,
+            optimizer,
+            "",
+            &run_util::semi(*devices, parallel),
+            &det,
+        );
         let (losses, params) = train(&run_config);
         if i == 0 {
             // `--explain` says which collectives add in the canonical order.
@@ -442,7 +459,11 @@ fn deterministic_pipelines_are_bitwise_one_device() {
                 &[&batch, &accumulate],
             )
         });
-        let piped = run(&format!("pipe-{i}"), &semi(*devices, parallel), &[]);
+        let piped = run(
+            &format!("pipe-{i}"),
+            &run_util::semi(*devices, parallel),
+            &[],
+        );
         run_util::assert_bitwise_run(name, &piped, reference);
     }
 }
@@ -476,17 +497,17 @@ fn deterministic_mode_holds_under_the_other_switches() {
     let cases: &[(&str, String, &Run)] = &[
         (
             "micro-batch interleave 2, dp 2",
-            semi(2, "model_parallel = 1\nmicro_batch_interleave = 2"),
+            run_util::semi(2, "model_parallel = 1\nmicro_batch_interleave = 2"),
             &one_device_accumulating,
         ),
         (
             "recompute every block, dp 2 × mp 2",
-            semi(4, "data_parallel = 2\nmodel_parallel = 2\n[parallel.recompute]\ncells = [\"blocks.*\"]"),
+            run_util::semi(4, "data_parallel = 2\nmodel_parallel = 2\n[parallel.recompute]\ncells = [\"blocks.*\"]"),
             &one_device,
         ),
         (
             "fused and overlapped buckets, dp 4",
-            semi(4, "model_parallel = 1\n[parallel.comm_fusion]\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true"),
+            run_util::semi(4, "model_parallel = 1\n[parallel.comm_fusion]\n[parallel.overlap]\ngrad_computation_allreduce_overlap = true"),
             &one_device,
         ),
         (
@@ -515,7 +536,7 @@ fn gradient_scale_switches_act_under_every_loss() {
     let steps = 4;
     let dp_mp = "data_parallel = 2\nmodel_parallel = 2";
     for (l, loss_keys) in ["", "\nvocab_emb_dp = false"].iter().enumerate() {
-        let parallel = semi(4, &format!("{dp_mp}{loss_keys}"));
+        let parallel = run_util::semi(4, &format!("{dp_mp}{loss_keys}"));
         let run = |name: &str, lr: f64, switches: &[&str]| {
             let mut overrides = vec![
                 format!("train.max_steps={steps}"),
@@ -575,13 +596,19 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
         ("model_parallel = 16", 16, "model.heads"),
     ];
     for (keys, devices, needle) in bad {
-        let config = config(tmp.path(), "momentum", "", &semi(devices, keys));
+        let config = config(tmp.path(), "momentum", "", &run_util::semi(devices, keys));
         let err = Session::new(&config).unwrap_err().to_string();
         assert!(err.contains(needle), "{keys}: {err}");
     }
     // Without model parallelism the rest is data parallel: every device takes batch rows.
     let keys = "data_parallel = 2\nmodel_parallel = 1";
-    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(8, keys))).unwrap();
+    let session = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(8, keys),
+    ))
+    .unwrap();
     let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()
@@ -594,7 +621,13 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
 fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true";
-    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let session = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(4, keys),
+    ))
+    .unwrap();
     let plan = session.train.explain();
     // The row-parallel outputs are reduce-scattered onto the sequence split, and the column-
     // parallel inputs all-gathered from it: no activation is all-reduced.
@@ -608,7 +641,13 @@ fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
     }
     // Without sequence parallelism the same sums are all-reduces.
     let keys = "data_parallel = 2\nmodel_parallel = 2";
-    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let session = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(4, keys),
+    ))
+    .unwrap();
     let plan = session.train.explain();
     assert!(
         plan.contains("reshard blocks.0.attn.proj.matmul: all-reduce"),
@@ -654,7 +693,13 @@ fn data_parallel_mode_moves_no_activation() {
 fn glob_and_cell_keys_override_the_cells_strategies() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.qkv.bias_add\" = [[4, 1, 1], [1]]";
-    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let session = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(4, keys),
+    ))
+    .unwrap();
     let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()
@@ -677,7 +722,13 @@ fn glob_and_cell_keys_override_the_cells_strategies() {
     );
     // A key that matches no op is an error naming it.
     let keys = "model_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc9\" = [[2, 1, 1], [1, 1]]";
-    let err = Session::new(&config(tmp.path(), "momentum", "", &semi(2, keys))).unwrap_err();
+    let err = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(2, keys),
+    ))
+    .unwrap_err();
     assert!(err.to_string().contains("blocks.*.mlp.fc9"), "{err}");
 }
 
@@ -703,7 +754,10 @@ fn generate_continues_a_prompt_from_a_checkpoint_of_any_strategy() {
     let alone = tmp.path().join("alone");
     let sharded = tmp.path().join("mp2");
     train(&char_tokens(&alone, "mode = \"stand_alone\""));
-    train(&char_tokens(&sharded, &semi(2, "model_parallel = 2")));
+    train(&char_tokens(
+        &sharded,
+        &run_util::semi(2, "model_parallel = 2"),
+    ));
     let options = |temperature: f64, seed: u64| runtime::GenerateOptions {
         prompt: "And God said".to_string(),
         tokens: 20,
@@ -741,7 +795,13 @@ fn a_tied_tables_gradient_is_summed_once() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2";
     let table_sums = |overrides: &[String]| -> Vec<String> {
-        let config = config_with(tmp.path(), "momentum", "", &semi(4, keys), overrides);
+        let config = config_with(
+            tmp.path(),
+            "momentum",
+            "",
+            &run_util::semi(4, keys),
+            overrides,
+        );
         let session = Session::new(&config).unwrap();
         session
             .train
@@ -778,7 +838,13 @@ fn a_tied_tables_gradient_is_summed_once() {
 fn vocabulary_parallel_never_moves_the_logits() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\nvocab_emb_dp = false";
-    let session = Session::new(&config(tmp.path(), "momentum", "", &semi(4, keys))).unwrap();
+    let session = Session::new(&config(
+        tmp.path(),
+        "momentum",
+        "",
+        &run_util::semi(4, keys),
+    ))
+    .unwrap();
     // A rank's block of the [B·S, V] f32 logits: nothing that large crosses the network.
     let logits_block = 8 * 16 * 256 * 4 / 4;
     for step in &session.train.steps {
@@ -1025,7 +1091,7 @@ fn threads_inside_a_rank_change_no_bit() {
     let wide = ["model.hidden=256", "model.ffn_hidden=1024"].map(String::from);
     for (devices, parallel) in [
         (1, "devices = 1".to_string()),
-        (2, semi(2, "model_parallel = 1")),
+        (2, run_util::semi(2, "model_parallel = 1")),
     ] {
         let run = |threads: usize| {
             let mut overrides = wide.to_vec();

@@ -24,10 +24,6 @@ fn train(config: &TrainConfig) -> Run {
     run_util::train_run(config, 20).1
 }
 
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
-
 /// Asserts every loss within a relative 1e-5 of one device's, and every parameter element
 /// within `1e-5 · (1 + |x|)`.
 fn assert_same_run(what: &str, run: &Run, reference: &Run) {
@@ -77,7 +73,7 @@ fn expert_parallel_trains_like_one_device() {
         let reference = train(&config(&out, &moe, "mode = \"stand_alone\"", &[]));
         for (i, (name, devices, keys)) in cases.iter().enumerate() {
             let out = tmp.path().join(format!("case-{top_k}-{i}"));
-            let run = train(&config(&out, &moe, &semi(*devices, keys), &[]));
+            let run = train(&config(&out, &moe, &run_util::semi(*devices, keys), &[]));
             assert_same_run(&format!("{name}, top-{top_k}"), &run, &reference);
         }
     }
@@ -90,7 +86,12 @@ fn expert_parallel_trains_like_one_device() {
 fn dispatch_and_combine_are_all_to_alls() {
     let tmp = tempfile::tempdir().unwrap();
     let moe = moe_keys(2, "");
-    let config = config(tmp.path(), &moe, &semi(4, "expert_parallel = 4"), &[]);
+    let config = config(
+        tmp.path(),
+        &moe,
+        &run_util::semi(4, "expert_parallel = 4"),
+        &[],
+    );
     let session = Session::new(&config).unwrap();
     let summary = session.train.summary();
     let moves: Vec<(String, String)> = summary
@@ -151,7 +152,7 @@ fn deterministic_expert_parallel_is_bitwise_one_device() {
         let reference = train(&config(&out, &moe, "mode = \"stand_alone\"", &det));
         for (i, (name, devices, keys)) in cases.iter().enumerate() {
             let out = tmp.path().join(format!("det-{top_k}-{i}"));
-            let run = train(&config(&out, &moe, &semi(*devices, keys), &det));
+            let run = train(&config(&out, &moe, &run_util::semi(*devices, keys), &det));
             run_util::assert_bitwise_run(&format!("{name}, top-{top_k}"), &run, &reference);
         }
     }
@@ -213,7 +214,7 @@ fn bf16_moe_trains_with_expert_parallel() {
     let ep = train(&config(
         &tmp.path().join("ep"),
         &moe,
-        &semi(2, "expert_parallel = 2"),
+        &run_util::semi(2, "expert_parallel = 2"),
         &bf16,
     ));
     run_util::assert_losses_within("bf16, ep 2", &ep.0, &one.0, 2e-2);
@@ -232,7 +233,7 @@ fn generate_samples_a_moe_gpt() {
     train(&config(
         &sharded,
         &moe,
-        &semi(2, "expert_parallel = 2"),
+        &run_util::semi(2, "expert_parallel = 2"),
         &[],
     ));
     let options = runtime::GenerateOptions {
@@ -281,7 +282,7 @@ fn bad_moe_keys_name_the_key() {
             &tmp.path().join(format!("bad-{i}")),
             "momentum",
             &format!("[model.moe]\n{moe}"),
-            &semi(4, parallel),
+            &run_util::semi(4, parallel),
         );
         let err = TrainConfig::parse(&text, None, &[], Path::new("/"))
             .and_then(|config| Session::new(&config).map(|_| ()))
@@ -294,7 +295,7 @@ fn bad_moe_keys_name_the_key() {
         &tmp.path().join("dense"),
         "momentum",
         "",
-        &semi(4, "expert_parallel = 2"),
+        &run_util::semi(4, "expert_parallel = 2"),
     );
     let err = TrainConfig::parse(&dense, None, &[], Path::new("/"))
         .map(|_| ())
@@ -321,11 +322,16 @@ fn checkpoints_resume_under_other_expert_parallel_degrees() {
     ));
     let first = tmp.path().join("first");
     let half = ["train.max_steps=10".to_string()];
-    let first_config = config(&first, &moe, &semi(2, "expert_parallel = 2"), &half);
+    let first_config = config(
+        &first,
+        &moe,
+        &run_util::semi(2, "expert_parallel = 2"),
+        &half,
+    );
     let first_losses = run_util::train_steps(&first_config, 10).1;
     let resume = [format!("output.resume_from=\"{}\"", first.display())];
     for (what, parallel) in [
-        ("ep 4", semi(4, "expert_parallel = 4")),
+        ("ep 4", run_util::semi(4, "expert_parallel = 4")),
         ("one device", "mode = \"stand_alone\"".to_string()),
     ] {
         let out = tmp.path().join(what.replace(' ', "-"));
@@ -379,7 +385,7 @@ fn dropped_choices_are_counted_once_per_step() {
         ),
     ] {
         assert_eq!(
-            counts(name, &tight, &semi(devices, keys)),
+            counts(name, &tight, &run_util::semi(devices, keys)),
             reference,
             "{name}"
         );
@@ -387,7 +393,7 @@ fn dropped_choices_are_counted_once_per_step() {
     let roomy = counts(
         "roomy",
         &moe_keys(2, "capacity_factor = 4.0"),
-        &semi(2, "expert_parallel = 2"),
+        &run_util::semi(2, "expert_parallel = 2"),
     );
     assert!(roomy.iter().all(|&n| n == 0.0), "{roomy:?}");
 }
@@ -411,7 +417,7 @@ fn context_expert_data_and_model_parallel_on_8_ranks_match_one_device() {
     for top_k in [1, 2] {
         for (algo, model, keys) in &algos {
             let moe = format!("{model}{}", moe_keys(top_k, ""));
-            let parallel = semi(8, &format!("{grid}{keys}"));
+            let parallel = run_util::semi(8, &format!("{grid}{keys}"));
             for deterministic in [false, true] {
                 let overrides: &[String] = if deterministic { &det } else { &[] };
                 let name = format!("{algo}, top-{top_k}, deterministic {deterministic}");

@@ -5,18 +5,9 @@
 
 use std::path::Path;
 
-use runtime::{RuntimeError, Session, TrainConfig};
+use runtime::{RuntimeError, Session};
 
-use crate::run_util::{self, Run};
-
-fn small_gpt(out: &Path, optimizer: &str, parallel: &str, overrides: &[&str]) -> TrainConfig {
-    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    run_util::small_gpt(out, optimizer, "", parallel, &overrides)
-}
-
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
+use crate::run_util::{self, reference_overrides, semi, small_gpt_plain as small_gpt, Run};
 
 /// (name, devices, [parallel] keys, reference micro-batches: 1, or a pipeline's count, whose
 /// one-device equivalent accumulates that many micro-batches of batch 8 / count). The layouts
@@ -64,17 +55,6 @@ const LAYOUTS: &[(&str, usize, &str, usize)] = &[
         2,
     ),
 ];
-
-/// The one-device run a layout's run equals: `micro` micro-batches accumulated per step.
-fn reference_overrides(micro: usize) -> Vec<String> {
-    match micro {
-        1 => Vec::new(),
-        m => vec![
-            format!("data.batch_size={}", 8 / m),
-            format!("train.grad_accumulation_steps={m}"),
-        ],
-    }
-}
 
 /// Trains `optimizer` with `common` keys (deterministic mode) under every layout of `layouts`
 /// and checks each run is one device's bit for bit; returns the one-device runs.

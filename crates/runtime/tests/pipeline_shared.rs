@@ -15,10 +15,6 @@ use crate::run_util::{self, small_gpt, Run};
 
 const TABLE: &str = "embedding.embedding_table";
 
-fn semi(devices: usize, keys: &str) -> String {
-    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
-}
-
 /// Every copy of a shared parameter on every rank holds the bits of its owner's shard of the
 /// same box; returns how many copy shards were compared.
 fn assert_copies_equal_owner(what: &str, report: &runtime::TrainReport) -> usize {
@@ -121,7 +117,7 @@ fn tied_embedding_copies_stay_identical_and_train_like_one_device() {
             &tmp.path().join(format!("pipe-{i}")),
             "momentum",
             "",
-            &semi(*devices, keys),
+            &run_util::semi(*devices, keys),
             &[],
         );
         let (session, report, run) = run_util::train_report(&config);
@@ -152,7 +148,7 @@ fn untied_embeddings_have_no_copies() {
         tmp.path(),
         "momentum",
         "tie_embeddings = false",
-        &semi(2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2"),
+        &run_util::semi(2, "[parallel.pipeline]\nstages = 2\nmicro_batches = 2"),
         &["train.max_steps=1".to_string()],
     );
     let session = Session::new(&config).unwrap();
@@ -174,7 +170,7 @@ fn sync_pipeline_shared_parameters_makes_differing_copies_equal() {
         tmp.path(),
         "momentum",
         "",
-        &semi(
+        &run_util::semi(
             4,
             "model_parallel = 2\nvocab_emb_dp = false\n[parallel.pipeline]\nstages = 2\nmicro_batches = 2",
         ),
@@ -230,7 +226,7 @@ fn sync_pipeline_shared_parameters_makes_differing_copies_equal() {
 #[test]
 fn a_last_stage_saving_no_parameter_leaves_a_readable_checkpoint() {
     let tmp = tempfile::tempdir().unwrap();
-    let pp = semi(
+    let pp = run_util::semi(
         2,
         "[parallel.pipeline]\nstages = 2\n[parallel.pipeline.stage_config]\nlogits = 1",
     );

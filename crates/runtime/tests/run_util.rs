@@ -158,6 +158,34 @@ pub fn small_gpt(
     TrainConfig::parse(&text, None, overrides, Path::new("/")).expect("a valid test config")
 }
 
+/// [`small_gpt`] without `model_extra`, its overrides given as `&str`s.
+pub fn small_gpt_plain(
+    out: &Path,
+    optimizer: &str,
+    parallel: &str,
+    overrides: &[&str],
+) -> TrainConfig {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    small_gpt(out, optimizer, "", parallel, &overrides)
+}
+
+/// The `[parallel]` body of a semi-auto run on `devices` with `keys` added.
+pub fn semi(devices: usize, keys: &str) -> String {
+    format!("devices = {devices}\nmode = \"semi_auto\"\n{keys}")
+}
+
+/// The overrides of the one-device run a layout's run equals: `micro` micro-batches (1, or a
+/// pipeline's count) of the batch of 8 accumulated per step.
+pub fn reference_overrides(micro: usize) -> Vec<String> {
+    match micro {
+        1 => Vec::new(),
+        m => vec![
+            format!("data.batch_size={}", 8 / m),
+            format!("train.grad_accumulation_steps={m}"),
+        ],
+    }
+}
+
 /// The TOML text of [`small_gpt`].
 pub fn small_gpt_text(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> String {
     format!(
