@@ -4,7 +4,7 @@
 //! so the sum is twice the global mean's gradient; for a plain sum it is the global sum's.
 //! The numbers MindSpore trained are pinned by `python/tests/test_mindspore_training_diff.py`.
 
-use graph::{GraphBuilder, Initializer};
+use graph::{GraphBuilder, Initializer, ValueId};
 use parallel::{compile_training, ParallelConfig, ParallelMode};
 use tensor::DType;
 
@@ -14,24 +14,41 @@ fn grad_scale(mean: bool, gradients_mean: bool) -> f64 {
     grad_scale_divided(mean.then_some(24.0), gradients_mean)
 }
 
-/// `Program::grad_scale` of `Σ (y − t)²` over 8 rows of 3, divided by `divisor` when given.
-fn grad_scale_divided(divisor: Option<f64>, gradients_mean: bool) -> f64 {
-    let mut b = GraphBuilder::with_float_dtype(DType::F32);
+/// `y = x·w` over 8 rows of 4 and `Σ (y − t)²` (8 rows of 3) in `b`: the sum's value.
+fn squares_summed(b: &mut GraphBuilder) -> ValueId {
     let x = b.input("x", &[8, 4], DType::F32).unwrap();
     let t = b.input("t", &[8, 3], DType::F32).unwrap();
     let w = b.parameter("w", &[4, 3], Initializer::normal(1.0)).unwrap();
     let y = b.matmul("y", x, w).unwrap();
     let d = b.sub("d", y, t).unwrap();
     let sq = b.mul("sq", d, d).unwrap();
-    let mut loss = b.reduce_sum("sum", sq, &[], false).unwrap();
-    if let Some(divisor) = divisor {
-        let n = b.fill("count", &[], divisor).unwrap();
-        loss = b.div("mean", loss, n).unwrap();
-    }
+    b.reduce_sum("sum", sq, &[], false).unwrap()
+}
+
+/// `Program::grad_scale` of the loss `scaled(b, Σ (y − t)²)` in data parallel on 2 devices,
+/// with `gradients_mean`.
+fn grad_scale_of(
+    gradients_mean: bool,
+    scaled: impl FnOnce(&mut GraphBuilder, ValueId) -> ValueId,
+) -> f64 {
+    let mut b = GraphBuilder::with_float_dtype(DType::F32);
+    let sum = squares_summed(&mut b);
+    let loss = scaled(&mut b, sum);
     let graph = b.finish();
     let mut config = ParallelConfig::new(ParallelMode::DataParallel, 2);
     config.gradients_mean = gradients_mean;
     compile_training(&graph, loss, &config).unwrap().grad_scale
+}
+
+/// `Program::grad_scale` of `Σ (y − t)²` over 8 rows of 3, divided by `divisor` when given.
+fn grad_scale_divided(divisor: Option<f64>, gradients_mean: bool) -> f64 {
+    grad_scale_of(gradients_mean, |b, sum| match divisor {
+        Some(divisor) => {
+            let n = b.fill("count", &[], divisor).unwrap();
+            b.div("mean", sum, n).unwrap()
+        }
+        None => sum,
+    })
 }
 
 #[test]
@@ -58,24 +75,13 @@ fn a_sum_divided_by_a_constant_keeps_scale_one_and_by_the_batch_size_is_a_mean()
 /// `Program::grad_scale` of `Σ (y − t)²` over 8 rows of 3 times the constant `factor` (the
 /// constant first when `factor_first`), on 2 devices with `gradients_mean` off.
 fn grad_scale_multiplied(factor: f64, factor_first: bool) -> f64 {
-    let mut b = GraphBuilder::with_float_dtype(DType::F32);
-    let x = b.input("x", &[8, 4], DType::F32).unwrap();
-    let t = b.input("t", &[8, 3], DType::F32).unwrap();
-    let w = b.parameter("w", &[4, 3], Initializer::normal(1.0)).unwrap();
-    let y = b.matmul("y", x, w).unwrap();
-    let d = b.sub("d", y, t).unwrap();
-    let sq = b.mul("sq", d, d).unwrap();
-    let sum = b.reduce_sum("sum", sq, &[], false).unwrap();
-    let c = b.fill("factor", &[], factor).unwrap();
-    let loss = if factor_first {
-        b.mul("loss", c, sum).unwrap()
-    } else {
-        b.mul("loss", sum, c).unwrap()
-    };
-    let graph = b.finish();
-    let mut config = ParallelConfig::new(ParallelMode::DataParallel, 2);
-    config.gradients_mean = false;
-    compile_training(&graph, loss, &config).unwrap().grad_scale
+    grad_scale_of(false, |b, sum| {
+        let c = b.fill("factor", &[], factor).unwrap();
+        match factor_first {
+            true => b.mul("loss", c, sum).unwrap(),
+            false => b.mul("loss", sum, c).unwrap(),
+        }
+    })
 }
 
 /// A sum times the reciprocal of the rows (`Σ · (1 / x.shape[0])`, each MindSpore rank's own
