@@ -62,19 +62,9 @@ def _engine_arrays(dataset):
     data, label = np.asarray(columns[0]), np.asarray(columns[1])
     if label.ndim == 2 and label.shape[1] == 1:
         label = label[:, 0]
-    for name, column in zip(dataset.column_names, (data, label)):
-        if column.dtype.kind not in "biuf":
-            raise ValueError(f"column {name} has dtype {column.dtype}; the network's input and "
-                             "label must be numbers")
-    for name, column, to_int in ((dataset.column_names[0], data, data.dtype.kind == "i"),
-                                 (dataset.column_names[1], label, label.dtype.kind in "iu")):
-        if to_int:
-            _check_int32(name, column)
-    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
-        data = np.ascontiguousarray(data, np.int32 if data.dtype.kind == "i" else np.float32)
-        label = np.ascontiguousarray(label, np.float32 if label.dtype.kind == "f" else np.int32)
-    for name, column in zip(dataset.column_names, (data, label)):
-        _check_finite(name, column)
+    rule = "the network's input and label must be numbers"
+    data = _engine_column(dataset.column_names[0], data, "i", rule)
+    label = _engine_column(dataset.column_names[1], label, "biu", rule)
     return data, label
 
 
@@ -94,20 +84,25 @@ def _engine_columns(dataset):
     if len(columns) > _MAX_COLUMNS:
         raise ValueError(f"Model.train: the dataset has {len(columns)} columns; a network takes "
                          f"at most {_MAX_COLUMNS}")
-    out = []
-    for name, column in zip(names, columns):
-        column = np.asarray(column)
-        if column.dtype.kind not in "biuf":
-            raise ValueError(f"column {name} has dtype {column.dtype}; the network's inputs must "
-                             "be numbers")
-        to_int = column.dtype.kind == "i"
-        if to_int:
-            _check_int32(name, column)
-        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
-            column = np.ascontiguousarray(column, np.int32 if to_int else np.float32)
-        _check_finite(name, column)
-        out.append((name, column))
-    return out
+    rule = "the network's inputs must be numbers"
+    return [(name, _engine_column(name, column, "i", rule))
+            for name, column in zip(names, columns)]
+
+
+def _engine_column(name, column, int_kinds, numbers_rule):
+    """Column ``name`` as the engine takes it: int32 when its dtype kind is one of
+    ``int_kinds`` (a value beyond int32 refused), else float32 (NaN or infinity as float32
+    refused); a column that is not numbers is a ``ValueError`` saying ``numbers_rule``."""
+    column = np.asarray(column)
+    if column.dtype.kind not in "biuf":
+        raise ValueError(f"column {name} has dtype {column.dtype}; {numbers_rule}")
+    to_int = column.dtype.kind in int_kinds
+    if to_int:
+        _check_int32(name, column)
+    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, refused below
+        column = np.ascontiguousarray(column, np.int32 if to_int else np.float32)
+    _check_finite(name, column)
+    return column
 
 
 def _construct_arity(cell):
