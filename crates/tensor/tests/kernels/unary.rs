@@ -201,6 +201,36 @@ fn tanh_gelu_is_accurate_down_the_negative_tail() {
     }
 }
 
+/// The f32 tanh keeps f32's absolute accuracy into its saturating tail, and so does its gradient
+/// `1 - y²`: over [-10, 10] `y` is within two units of 1's last place of the f64 value and never
+/// leaves [-1, 1], and the gradient is never negative. MindSpore 2.10's CPU `Tanh` does not
+/// (docs/MINDSPORE_DIFFERENCES.md, difference 16): 1.0000098 at x = 5, exactly ±1 from |x| ≈
+/// 5, so a gradient of 0 there where the true one is 1.7e-4 at 5.02, negative near 4.99.
+#[test]
+fn tanh_is_accurate_in_its_saturating_tail() {
+    let x: Vec<f32> = (-1000..=1000).map(|i| i as f32 / 100.0).collect();
+    let ones = vec![1.0f32; x.len()];
+    let (mut y, mut dx) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()]);
+    kernels::unary_into(UnaryOp::Tanh, &x, &mut y).unwrap();
+    assert_eq!(UnaryOp::Tanh.grad_input(), GradInput::Output);
+    kernels::unary_grad_into(UnaryOp::Tanh, &y, &ones, &mut dx).unwrap();
+    // Two units in the last place of 1 (below 1 an f32 steps by 2^-24).
+    let tol = 2.0 * f64::from(f32::EPSILON);
+    for (i, &xi) in x.iter().enumerate() {
+        let want = f64::from(xi).tanh();
+        let (yi, di) = (f64::from(y[i]), f64::from(dx[i]));
+        assert!(
+            yi.abs() <= 1.0 && (yi - want).abs() <= tol,
+            "tanh({xi}) = {yi}, want {want}"
+        );
+        let want_dx = 1.0 - want * want;
+        assert!(
+            di >= 0.0 && (di - want_dx).abs() <= tol,
+            "tanh'({xi}) = {di}, want {want_dx}"
+        );
+    }
+}
+
 #[test]
 fn named_wrappers_and_dtypes() {
     let x = Tensor::from_vec(&[3], vec![-1.0f32, 0.0, 2.0]).unwrap();
