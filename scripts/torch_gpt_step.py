@@ -7,6 +7,11 @@ processes (gloo, one thread each, batch 8 per process). Prints tokens/s from the
 
 `--one-thread` times the single thread only (no products, no 2 threads, no DDP), for runs
 paired with `tessera bench gpt-step --one-rank` (`scripts/bench-gpt-pairs.sh`).
+
+`--paced` runs the single thread step by step as a driver paces it, the protocol of `tessera
+bench gpt-step --paced` (`scripts/bench-gpt-lockstep.py`): after 5 warm-up steps it prints
+`ready`, then runs one timed step per line read from stdin and answers `step <ms>`, until end of
+input or `steps` steps.
 """
 import math
 import os
@@ -20,7 +25,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 ONE_THREAD = "--one-thread" in sys.argv[1:]
-ARGS = [a for a in sys.argv[1:] if a != "--one-thread"]
+PACED = "--paced" in sys.argv[1:]
+ARGS = [a for a in sys.argv[1:] if a not in ("--one-thread", "--paced")]
 STEPS = int(ARGS[0]) if len(ARGS) > 0 else 20
 LAYERS = int(ARGS[1]) if len(ARGS) > 1 else 4
 HIDDEN = int(ARGS[2]) if len(ARGS) > 2 else 256
@@ -73,7 +79,8 @@ def batches(rows):
     ]
 
 
-def time_steps(model, data):
+def trainer(model, data):
+    """One AdamW training step of `model` on batch `i` of `data` (cycled), as a function of `i`."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01, eps=1e-8)
 
     def step(i):
@@ -83,6 +90,11 @@ def time_steps(model, data):
         loss.backward()
         opt.step()
 
+    return step
+
+
+def time_steps(model, data):
+    step = trainer(model, data)
     for i in range(5):
         step(i)
     times = []
@@ -141,9 +153,26 @@ def product_rates():
           + ", ".join(rates), flush=True)
 
 
+def paced():
+    """The paced protocol (see the module's docstring) on one thread."""
+    step = trainer(Gpt(), batches(BATCH))
+    for i in range(5):
+        step(i)
+    print("ready", flush=True)
+    for i in range(STEPS):
+        if not sys.stdin.readline():
+            break
+        start = time.perf_counter()
+        step(5 + i)
+        print(f"step {(time.perf_counter() - start) * 1e3:.3f}", flush=True)
+
+
 def main():
     torch.set_num_threads(1)
     torch.manual_seed(1)
+    if PACED:
+        paced()
+        return
     report("1 thread", time_steps(Gpt(), batches(BATCH)))
     if ONE_THREAD:
         return

@@ -350,7 +350,7 @@ impl fmt::Display for GptStepLine {
 pub type GptStepReport = Pieces<GptStepLine>;
 
 /// The benchmark's GPT: byte vocabulary, 4 heads, 128 tokens, batch 16.
-fn gpt_config(request: &GptStepRequest) -> GptConfig {
+pub(crate) fn gpt_config(request: &GptStepRequest) -> GptConfig {
     GptConfig::new(256, request.layers, 4, request.hidden, 128, 16)
 }
 
@@ -399,8 +399,13 @@ fn program(
     Ok(Arc::new(program))
 }
 
+/// The program of one rank, stand-alone (what `--one-rank` times).
+pub(crate) fn one_rank_program(gpt: &GptConfig) -> Result<Arc<parallel::Program>, BenchError> {
+    program(gpt, Split::dp_mp(1, 1), false, Reduction::Plain)
+}
+
 /// The benchmark's optimizer: AdamW, learning rate 1e-3, weight decay 0.01.
-fn adamw() -> OptimizerConfig {
+pub(crate) fn adamw() -> OptimizerConfig {
     OptimizerConfig {
         kind: OptimizerKind::AdamW {
             beta1: 0.9,
@@ -413,7 +418,7 @@ fn adamw() -> OptimizerConfig {
 }
 
 /// Eight batches of pseudo-random token ids: `input_ids` and `labels`, `[batch, seq_len]`.
-fn batches(gpt: &GptConfig) -> Result<Vec<Vec<Tensor>>, BenchError> {
+pub(crate) fn batches(gpt: &GptConfig) -> Result<Vec<Vec<Tensor>>, BenchError> {
     let n = gpt.batch * gpt.seq_len;
     (0..8u64)
         .map(|b| {

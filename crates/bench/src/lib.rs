@@ -21,7 +21,9 @@
 //! - [`collectives`]: bus bandwidth of all-reduce and all-gather over a `comm` backend.
 //! - [`reshard`]: time and bytes of resharding between layouts; [`reshard_check`] runs a
 //!   reshard plan on local ranks and checks every rank's result (`tessera reshard --run`).
-//! - [`train_step`] and [`gpt_step`]: training-step time of the seed MLP and of the GPT.
+//! - [`train_step`] and [`gpt_step`]: training-step time of the seed MLP and of the GPT;
+//!   [`gpt_paced`]: the GPT's 1-rank step paced line by line by a driver that alternates it
+//!   with another engine's.
 //! - [`ps`] and [`ps_embedding`]: parameter-server steps/s, recovery times and embedding bytes.
 //! - [`elastic`]: recovery time and snapshot cost of elastic collective training (real
 //!   processes under `tessera launch`).
@@ -38,6 +40,7 @@ pub mod ckpt_convert;
 pub mod collectives;
 pub mod elastic;
 mod error;
+pub mod gpt_paced;
 pub mod gpt_step;
 pub mod machine;
 pub mod memcpy;

@@ -202,6 +202,12 @@ struct GptStepArgs {
     /// (`scripts/bench-gpt-pairs.sh` pairs it with PyTorch's single thread).
     #[arg(long, conflicts_with_all = ["fusion", "sequence_parallel"])]
     one_rank: bool,
+    /// Time 1 rank step by step as a driver paces it (`scripts/bench-gpt-lockstep.py`, which
+    /// alternates its steps with PyTorch's): after the warm-up print `ready`, then run one
+    /// timed step per line read from stdin and answer `step <ms>`, until end of input or
+    /// `--steps` steps.
+    #[arg(long, conflicts_with_all = ["fusion", "sequence_parallel", "profile", "deterministic", "clip", "threads", "context_parallel_seq", "rounds"])]
+    paced: bool,
 }
 
 /// `--context-parallel-seq`: a power of two from 64 to 2048.
@@ -433,7 +439,16 @@ fn run_bench(args: &BenchArgs, console: &mut Console) -> anyhow::Result<()> {
                 sequence_parallel: a.sequence_parallel,
                 one_rank: a.one_rank,
             };
-            bench::gpt_step::gpt_step(&request, console)?;
+            if a.paced {
+                let stdout = std::io::stdout();
+                bench::gpt_paced::gpt_step_paced(
+                    &request,
+                    &mut std::io::stdin().lock(),
+                    &mut stdout.lock(),
+                )?;
+            } else {
+                bench::gpt_step::gpt_step(&request, console)?;
+            }
         }
         BenchCommand::Ps(a) => {
             bench::ps::ps(&ps_request(a)?, console)?;

@@ -650,6 +650,48 @@ fn gpt_step_one_rank_times_one_rank_only() {
     }
 }
 
+/// `bench gpt-step --paced` warms up, says `ready`, then runs one timed step per line read and
+/// answers each with its time, until its input ends; the flags of the unpaced benchmark are
+/// refused with it, naming both.
+#[test]
+fn gpt_step_paced_runs_one_step_per_line_read() {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["bench", "gpt-step", "--paced", "--steps", "5"])
+        .args(["--layers", "1", "--hidden", "32"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"step\nstep\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after: Vec<&str> = stdout.lines().skip_while(|l| *l != "ready").collect();
+    assert_eq!(
+        after.len(),
+        3,
+        "ready, then one answer per line read\n{stdout}"
+    );
+    for answer in &after[1..] {
+        let ms: f64 = answer.strip_prefix("step ").unwrap().parse().unwrap();
+        assert!(ms > 0.0, "{answer}");
+    }
+    for flag in ["--profile", "--deterministic", "--clip"] {
+        assert_usage_error(&["bench", "gpt-step", "--paced", flag], &["--paced", flag]);
+    }
+}
+
 /// `args` end in a usage error (exit status 2) whose message holds every one of `needles`.
 fn assert_usage_error(args: &[&str], needles: &[&str]) {
     let out = tessera_env(args, &[]);
