@@ -558,12 +558,22 @@ fn pipeline_json(r: &PlanReport, memory: &PlanMemory) -> serde_json::Value {
         return serde_json::Value::Null;
     };
     let devices = r.devices * p.config.stages;
+    // A cell with a call raised to a later stage (one reading that stage's output) runs on both
+    // stages: `stage_of_layer` gives the first, `stage_layers` lists it under each.
+    let mut stage_of_layer = serde_json::Map::new();
+    for (layer, stage) in &p.layers {
+        stage_of_layer
+            .entry(layer.clone())
+            .or_insert_with(|| serde_json::json!(stage));
+    }
     serde_json::json!({
         "stages": p.config.stages,
         "micro_batches": p.config.micro_batches,
         "scheduler": p.config.scheduler.name(),
-        "stage_of_layer": p.layers.iter().map(|(l, s)| (l.clone(), serde_json::json!(s)))
-            .collect::<serde_json::Map<String, serde_json::Value>>(),
+        "stage_of_layer": stage_of_layer,
+        "stage_layers": (0..p.config.stages)
+            .map(|s| parallel::pipeline::layers_of_stage(&p.layers, s))
+            .collect::<Vec<_>>(),
         "stage_ranks": (0..p.config.stages).map(|s| {
             let r = p.ranks(s, devices);
             serde_json::json!([r.start, r.end])

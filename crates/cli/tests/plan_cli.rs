@@ -76,6 +76,26 @@ fn plan_prints_and_writes_the_searched_pipeline() {
     assert_eq!(p["stage_of_layer"]["embedding"], 0);
     assert_eq!(p["stage_of_layer"]["loss"], 1);
     assert_eq!(p["stage_ranks"], serde_json::json!([[0, 1], [1, 2]]));
+    // Every stage's layers, as the text lists them: here (no call raised to a later stage) each
+    // layer once, on its stage_of_layer.
+    let stage_layers = p["stage_layers"].as_array().expect("stage_layers");
+    assert_eq!(stage_layers.len(), 2, "{p}");
+    assert_eq!(stage_layers[0][0], "embedding", "{p}");
+    assert_eq!(stage_layers[1].as_array().unwrap().last().unwrap(), "loss");
+    let listed: usize = stage_layers
+        .iter()
+        .map(|l| l.as_array().unwrap().len())
+        .sum();
+    assert_eq!(
+        listed,
+        p["stage_of_layer"].as_object().unwrap().len(),
+        "{p}"
+    );
+    for (stage, layers) in stage_layers.iter().enumerate() {
+        for layer in layers.as_array().unwrap() {
+            assert_eq!(p["stage_of_layer"][layer.as_str().unwrap()], stage, "{p}");
+        }
+    }
     let bubble = p["bubble_ms"].as_f64().unwrap();
     assert!(bubble > 0.0 && (json["bubble_ms"].as_f64().unwrap() - bubble).abs() < 1e-9);
     assert!(

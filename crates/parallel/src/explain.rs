@@ -12,8 +12,9 @@ use crate::hsdp::{OptimizerShard, ShardDecision};
 use crate::lower::{Program, Step};
 
 impl Program {
-    /// The pipeline section of [`Program::explain`]: each stage's ranks and layers, and the
-    /// bytes sent between stages per step.
+    /// The pipeline section of [`Program::explain`]: each stage's ranks and the layers (cells)
+    /// it runs ([`crate::pipeline::NodeStages::layers`]: a cell with a call raised to a later
+    /// stage is named under both stages), and the bytes sent between stages per step.
     fn explain_stages(&self, p: &crate::pipeline::PipelineConfig, out: &mut String) {
         let Ok(stages) = crate::pipeline::node_stages(&self.placed.graph, p) else {
             return;

@@ -3,7 +3,11 @@
 //! MindSpore assigns stages per cell at any depth.
 
 use graph::{Graph, GraphBuilder, Initializer};
-use parallel::pipeline::{node_stages, PipelineConfig, PipelineError, Scheduler};
+use parallel::pipeline::{
+    layers_of_stage, node_stages, stage_of_ranks, NodeStages, PipelineConfig, PipelineError,
+    Scheduler,
+};
+use parallel::{compile_training, ParallelConfig, ParallelMode};
 use tensor::DType;
 
 /// `net.fc1` (matmul, gelu) → `net.act` (a shared activation cell) → `net.fc2` (matmul) →
@@ -34,6 +38,15 @@ fn staged(stages: usize, keys: &[(&str, usize)]) -> PipelineConfig {
     )
 }
 
+/// [`NodeStages::layers`] with borrowed names.
+fn layers(placed: &NodeStages) -> Vec<(&str, usize)> {
+    placed
+        .layers
+        .iter()
+        .map(|(n, s)| (n.as_str(), *s))
+        .collect()
+}
+
 /// Every node's stage, by name.
 fn stage_by_node(graph: &Graph, config: &PipelineConfig) -> Vec<(String, usize)> {
     let placed = node_stages(graph, config).unwrap();
@@ -51,14 +64,9 @@ fn keys_naming_cells_inside_a_loss_cells_network_split_it_into_stages() {
     let g = loss_cell(false);
     let config = staged(2, &[("net.fc1", 0), ("net.fc2", 1)]);
     let placed = node_stages(&g, &config).unwrap();
-    let layers: Vec<(&str, usize)> = placed
-        .layers
-        .iter()
-        .map(|(n, s)| (n.as_str(), *s))
-        .collect();
     // net.act inherits fc1's stage, loss fc2's.
     assert_eq!(
-        layers,
+        layers(&placed),
         vec![("net.fc1", 0), ("net.act", 0), ("net.fc2", 1), ("loss", 1)]
     );
     assert_eq!(
@@ -116,6 +124,24 @@ fn a_cell_called_again_after_a_later_stages_cell_runs_on_the_later_stage() {
         ]
         .map(|(n, s)| (n.to_string(), s))
     );
+    // The per-stage listing (`--explain`'s) says what each stage runs: the shared cell under
+    // stage 0 for its first call and under stage 1 for its raised second call.
+    let placed = node_stages(&g, &config).unwrap();
+    assert_eq!(
+        layers(&placed),
+        vec![
+            ("net.fc1", 0),
+            ("net.act", 0),
+            ("net.fc2", 1),
+            ("net.act", 1),
+            ("loss", 1)
+        ]
+    );
+    assert_eq!(layers_of_stage(&placed.layers, 0), ["net.fc1", "net.act"]);
+    assert_eq!(
+        layers_of_stage(&placed.layers, 1),
+        ["net.fc2", "net.act", "loss"]
+    );
     // The same without stage_config (the cut by parameter counts, `net` one layer) and with
     // keys naming whole layers: every op after a later stage's op runs on that stage.
     let mut b = GraphBuilder::new();
@@ -146,6 +172,11 @@ fn a_cell_called_again_after_a_later_stages_cell_runs_on_the_later_stage() {
                 ("loss.gelu", 1)
             ]
             .map(|(n, s)| (n.to_string(), s)),
+            "{config:?}"
+        );
+        assert_eq!(
+            layers(&node_stages(&top, &config).unwrap()),
+            [("fc1", 0), ("act", 0), ("fc2", 1), ("act", 1), ("loss", 1)],
             "{config:?}"
         );
     }
@@ -244,4 +275,74 @@ fn hostile_keys_below_a_layer_are_refused_naming_the_key_and_the_cells() {
             .contains("stage 1 holds no trainable parameter (its cells: net.act)"),
         "{error}"
     );
+}
+
+/// A cell holding a parameter (`net.shift`, adding `net.shift.bias`) called after `net.fc1` on
+/// stage 0 and again after `net.fc2` on stage 1: its second call runs on stage 1, so
+/// `--explain` lists the cell under both stages, and the parameter it reads there is held by
+/// stage 1 as a shared parameter's copy (`net.shift.bias@stage1`), as a tied embedding's is.
+/// The per-stage listing and the parameters' stages agree with where the ops run.
+#[test]
+fn explain_lists_a_raised_call_under_the_stage_that_runs_it() {
+    let mut b = GraphBuilder::new();
+    let x = b.input("x", &[4, 8], DType::F32).unwrap();
+    let w1 = b
+        .parameter("net.fc1.weight", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    let bias = b
+        .parameter("net.shift.bias", &[8], Initializer::normal(1.0))
+        .unwrap();
+    let w2 = b
+        .parameter("net.fc2.weight", &[8, 8], Initializer::normal(1.0))
+        .unwrap();
+    let h = b.matmul("net.fc1.matmul", x, w1).unwrap();
+    let h = b.add("net.shift.add", h, bias).unwrap();
+    let h = b.matmul("net.fc2.matmul", h, w2).unwrap();
+    let h = b.add("net.shift.add_1", h, bias).unwrap();
+    let loss = b.reduce_sum("loss.sum", h, &[], false).unwrap();
+    let g = b.finish();
+    let pipeline = staged(2, &[("net.fc1", 0), ("net.fc2", 1)]);
+    assert_eq!(
+        layers(&node_stages(&g, &pipeline).unwrap()),
+        [
+            ("net.fc1", 0),
+            ("net.shift", 0),
+            ("net.fc2", 1),
+            ("net.shift", 1),
+            ("loss", 1)
+        ]
+    );
+
+    let mut config = ParallelConfig::new(ParallelMode::DataParallel, 4);
+    config.pipeline = Some(pipeline);
+    let program = compile_training(&g, loss, &config).unwrap();
+    let explain = program.explain();
+    assert!(
+        explain.contains("\n  stage 0: ranks 0..2: net.fc1, net.shift\n"),
+        "{explain}"
+    );
+    assert!(
+        explain.contains("\n  stage 1: ranks 2..4: net.fc2, net.shift, loss\n"),
+        "{explain}"
+    );
+    // Every parameter is held where the ops reading it run: the owner on stage 0, the copy
+    // the raised call reads on stage 1; the other parameters are not copied.
+    let stage_of_param: Vec<(&str, usize)> = program
+        .params
+        .iter()
+        .map(|p| (p.name.as_str(), stage_of_ranks(p.layout.mesh())))
+        .collect();
+    assert_eq!(
+        stage_of_param,
+        [
+            ("net.fc1.weight", 0),
+            ("net.shift.bias", 0),
+            ("net.fc2.weight", 1),
+            ("net.shift.bias@stage1", 1)
+        ]
+    );
+    let placed = &program.placed;
+    let raised = placed.graph.node_by_name("net.shift.add_1").unwrap();
+    let read = placed.graph.nodes()[raised.0].inputs[1];
+    assert_eq!(placed.graph.values()[read.0].name, "net.shift.bias@stage1");
 }

@@ -9,7 +9,7 @@ use tensor::DType;
 
 use graph::models::{seed_mlp, Model};
 use graph::{nn, Graph, GraphBuilder};
-use parallel::pipeline::{node_stages, PipelineConfig, Scheduler};
+use parallel::pipeline::{layers_of_stage, node_stages, PipelineConfig, Scheduler};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
     plan, profiles, Hints, LoadedLayouts, LoadedOp, LoadedStrategies, PlanModel, PlanReport,
@@ -18,12 +18,14 @@ use search::{
 
 /// The seed MLP of a batch of `batch`, rebuilt for any other batch; `nested`: its ops named as
 /// the cells of a loss cell of one's own name them (`net.fc1.matmul`, ... inside the engine's
-/// pipeline layer `net`).
+/// pipeline layer `net`); `shared_act`: (nested only) one activation cell `net.act` called after
+/// `net.fc1` and again after `net.fc2`.
 struct Mlp {
     batch: usize,
     image: [usize; 2],
     hidden: usize,
     nested: bool,
+    shared_act: bool,
     model: Model,
 }
 
@@ -39,6 +41,7 @@ impl Mlp {
             image,
             hidden,
             nested: false,
+            shared_act: false,
             model: seed_mlp(batch, &image, hidden, 4).expect("the seed MLP"),
         }
     }
@@ -46,19 +49,30 @@ impl Mlp {
     /// An MLP like the seed's, of `Dense` cells called inside a cell `net` (ops
     /// `net.flatten`, `net.fc<i>.matmul`, ..., `net.loss`).
     fn nested(batch: usize, image: [usize; 2], hidden: usize) -> Mlp {
+        Mlp::nested_with(batch, image, hidden, false)
+    }
+
+    /// [`Mlp::nested`], its ReLUs one cell `net.act` called after `net.fc1` and `net.fc2` when
+    /// `shared_act`.
+    fn nested_with(batch: usize, image: [usize; 2], hidden: usize, shared_act: bool) -> Mlp {
         let build = || -> Result<Model, graph::GraphError> {
             let mut b = GraphBuilder::new();
             let x = b.input("x", &[batch, image[0], image[1]], DType::F32)?;
             let labels = b.input("labels", &[batch], DType::I32)?;
-            let relu = nn::Activation::Relu;
+            let dense = |inputs: usize| match shared_act {
+                true => nn::Dense::new(inputs, hidden),
+                false => nn::Dense::new(inputs, hidden).activation(nn::Activation::Relu),
+            };
+            // The cell's second call names its op as the Python front end does.
+            let act = |b: &mut GraphBuilder, h, op: &str| match shared_act {
+                true => b.relu(op, h),
+                false => Ok(h),
+            };
             let h = b.flatten("net.flatten", x)?;
-            let fc1 = nn::Dense::new(image[0] * image[1], hidden).activation(relu);
-            let h = b.call("net.fc1", &fc1, h)?;
-            let h = b.call(
-                "net.fc2",
-                &nn::Dense::new(hidden, hidden).activation(relu),
-                h,
-            )?;
+            let h = b.call("net.fc1", &dense(image[0] * image[1]), h)?;
+            let h = act(&mut b, h, "net.act.relu")?;
+            let h = b.call("net.fc2", &dense(hidden), h)?;
+            let h = act(&mut b, h, "net.act.relu_1")?;
             let logits = b.call("net.fc3", &nn::Dense::new(hidden, 4), h)?;
             let loss = b.sparse_softmax_cross_entropy("net.loss", logits, labels)?;
             b.output(loss)?;
@@ -76,6 +90,7 @@ impl Mlp {
             image,
             hidden,
             nested: true,
+            shared_act,
             model: build().expect("the nested MLP"),
         }
     }
@@ -96,7 +111,7 @@ impl PlanModel for Mlp {
 
     fn with_batch_size(&self, batch_size: usize) -> Result<Box<dyn PlanModel>, SearchError> {
         Ok(Box::new(match self.nested {
-            true => Mlp::nested(batch_size, self.image, self.hidden),
+            true => Mlp::nested_with(batch_size, self.image, self.hidden, self.shared_act),
             false => Mlp::wide(batch_size, self.image, self.hidden),
         }))
     }
@@ -247,6 +262,32 @@ fn configured_stages_below_a_layer_are_planned_where_the_run_places_them() {
     assert_eq!(report.stage_of("net.fc2.matmul"), 1);
 }
 
+/// One activation cell called after `net.fc1` (stage 0) and again after `net.fc2` (stage 1):
+/// its second call runs on stage 1, and `tessera plan` costs it there and lists the cell under
+/// both stages, as `tessera train --explain` does (`NodeStages::layers`).
+#[test]
+fn a_cell_called_on_two_stages_is_planned_and_listed_on_both() {
+    let model = Mlp::nested_with(8, [16, 16], 256, true);
+    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+    let mut pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    pipeline.stage_config = vec![("net.fc1".to_string(), 0), ("net.fc2".to_string(), 1)];
+    let mut parallel = ParallelConfig::new(mode, 4);
+    parallel.pipeline = Some(pipeline.clone());
+    let report = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
+    assert_staged_as_the_run_places(&model, &pipeline, &report);
+    assert_eq!(report.stage_of("net.act.relu"), 0);
+    assert_eq!(report.stage_of("net.act.relu_1"), 1);
+    let layers = &report.pipeline.as_ref().expect("the stages").layers;
+    assert_eq!(
+        layers_of_stage(layers, 0),
+        ["net.flatten", "net.fc1", "net.act"]
+    );
+    assert_eq!(
+        layers_of_stage(layers, 1),
+        ["net.fc2", "net.act", "net.fc3", "net.loss"]
+    );
+}
+
 /// Every op of `report` is on the stage the run places it on under `pipeline`, some op is on
 /// stage 1, and the plan's memory is its fullest stage's, which is returned.
 #[track_caller]
@@ -257,6 +298,10 @@ fn assert_staged_as_the_run_places(
 ) -> f64 {
     let staged = report.pipeline.as_ref().expect("the stages are planned");
     let placed = node_stages(&model.model.graph, pipeline).expect("the run's stages");
+    assert_eq!(
+        staged.layers, placed.layers,
+        "the plan's layers per stage are those the run's --explain lists"
+    );
     for (name, _) in &report.strategies {
         let id = model.model.graph.node_by_name(name).expect("an op");
         assert_eq!(report.stage_of(name), placed.nodes[id.0], "{name}");

@@ -10,7 +10,7 @@
 //! runs on its forward node's stage; a gradient sum on the stage of the value it is the gradient
 //! of.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use graph::{Graph, NodeRole, ValueId, ValueKind};
 use layout::{Layout, LayoutError, Mesh, TensorLayout};
@@ -82,7 +82,8 @@ fn common_components(a: &str, b: &str) -> usize {
 }
 
 /// The names of the layers on `stage`, in model order, from a `(layer, stage)` list such as
-/// [`NodeStages::layers`].
+/// [`NodeStages::layers`] (where a cell with a call raised to a later stage is listed under
+/// both stages).
 pub fn layers_of_stage(layers: &[(String, usize)], stage: usize) -> Vec<&str> {
     layers
         .iter()
@@ -103,8 +104,12 @@ pub struct NodeStages {
     pub node_chunks: Vec<usize>,
     /// Per value, the model chunk of its producer (or first consumer).
     pub value_chunks: Vec<usize>,
-    /// The layers in model order with their stage (a call of a layer that reads a later
-    /// stage's output runs on that stage: `nodes` says where each node runs).
+    /// The layers with the stage their forward ops run on, as each stage runs them: a layer
+    /// (cell) once per stage running some of its forward ops, in the order of its first such
+    /// op. A cell whose call reads a later stage's output has that call raised to the later
+    /// stage, so it is listed under its own stage and again under the later one (`net.act` on
+    /// stages 0 and 1 when it is called after `net.fc1` and again after `net.fc2`); a cell all
+    /// of whose calls are raised only under the later stage. `nodes` gives each node's stage.
     pub layers: Vec<(String, usize)>,
 }
 
@@ -181,17 +186,34 @@ pub fn node_stages(graph: &Graph, config: &PipelineConfig) -> Result<NodeStages,
     }
     let p = assignment.stages.max(1);
     let values: Vec<usize> = values.into_iter().map(|g| g.unwrap_or(0)).collect();
+    let nodes: Vec<usize> = groups.iter().map(|g| g % p).collect();
     Ok(NodeStages {
-        nodes: groups.iter().map(|g| g % p).collect(),
+        layers: layers_as_run(graph, &nodes, keys),
+        nodes,
         values: values.iter().map(|g| g % p).collect(),
         node_chunks: groups.iter().map(|g| g / p).collect(),
         value_chunks: values.iter().map(|g| g / p).collect(),
-        layers: order
-            .into_iter()
-            .enumerate()
-            .map(|(i, name)| (name, assignment.stage_of(i).unwrap_or(0)))
-            .collect(),
     })
+}
+
+/// [`NodeStages::layers`]: every `(cell, stage)` pair of a forward node of `graph` (its cell by
+/// [`staged_layer_of`] under `keys`, its stage from `stage_of_node`), once, in the order of its
+/// first node.
+fn layers_as_run(
+    graph: &Graph,
+    stage_of_node: &[usize],
+    keys: &[(String, usize)],
+) -> Vec<(String, usize)> {
+    let mut seen: HashSet<(&str, usize)> = HashSet::new();
+    graph
+        .nodes()
+        .iter()
+        .zip(stage_of_node)
+        .filter(|(node, _)| node.role == NodeRole::Forward)
+        .map(|(node, &stage)| (staged_layer_of(&node.name, keys), stage))
+        .filter(|&pair| seen.insert(pair))
+        .map(|(cell, stage)| (cell.to_string(), stage))
+        .collect()
 }
 
 /// Every stage up to the last one holding trainable parameters holds some (`trains`: per layer,
