@@ -294,7 +294,8 @@ def test_fsync_false_converts_to_the_same_files(tmp_path, output_format):
         P.convert_checkpoints(src, str(tmp_path / str(fsync)), "checkpoint_", A, B,
                               output_format=output_format, fsync=fsync)
     durable = _set_files(tmp_path / "True")
-    assert len(durable) == 5, sorted(durable)  # four ranks and the marker
+    assert len(durable) == 6, sorted(durable)  # four ranks, the strategy B and the marker
+    assert "strategy.json" in durable, sorted(durable)
     assert _set_files(tmp_path / "False") == durable
 
 

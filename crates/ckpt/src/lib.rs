@@ -297,7 +297,7 @@ pub use crate::ops::verify::{verify_checkpoints, Fault, VerifyReport};
 pub use crate::progress::{NoProgress, Progress};
 pub use crate::set::{
     abandon_pending_sets, audit_set, check_set, DestLock, SetAudit, SetFile, SetMarker, SetWriter,
-    SET_ID_KEY, SET_MARKER,
+    SET_ID_KEY, SET_MARKER, SET_STRATEGY_FILE,
 };
 pub use crate::source::{rank_file_path, CheckpointFile, RankFiles, SourceSet};
 

@@ -109,13 +109,21 @@ fn convert_by_rank_a_to_b() {
                 &ConvertOptions::default(),
             )
             .unwrap();
-            // Only rank r was written (and the set's marker).
+            // Only rank r was written (and the destination strategy, which the set records,
+            // and the set's marker).
             let mut names: Vec<String> = std::fs::read_dir(out.path())
                 .unwrap()
                 .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
                 .collect();
             names.sort();
-            assert_eq!(names, [format!("rank_{r}"), ckpt::SET_MARKER.to_string()]);
+            assert_eq!(
+                names,
+                [
+                    format!("rank_{r}"),
+                    ckpt::SET_STRATEGY_FILE.to_string(),
+                    ckpt::SET_MARKER.to_string()
+                ]
+            );
             assert_same_tensors(
                 &out.path().join(format!("rank_{r}/checkpoint_{r}.ckpt")),
                 &c.join(format!("expected/convert_by_rank_A_to_B/rank_{r}.ckpt")),

@@ -543,13 +543,10 @@ fn a_wrong_safetensors_crc_num_stops_a_conversion() {
     );
 }
 
-#[test]
-fn a_conversion_carries_the_set_s_model_description() {
-    // A set as training commits it: rank files, the strategy and `model.json` (the model's
-    // shape and tokenizer, independent of the layout). Its conversion to another layout holds
-    // the same `model.json`, listed by its marker, so a run resumed from the converted set (or
-    // `tessera generate`) still checks the model against it. A set without one gets none.
-    let dir = tmp();
+/// A set as training commits it at `dir/name`: `w` ([8, 2], split over 2 ranks) and the
+/// side files given (`model.json`, `train_state.json`); with the strategy file `s.json`
+/// describing it (written once, beside the sets).
+fn trained_set(dir: &Path, name: &str, sides: &[(&str, &[u8])]) -> (PathBuf, PathBuf) {
     let mesh = layout::Mesh::new(&[2], &["dp"], None).unwrap();
     let split = Layout::from_mesh(mesh, vec![vec![0], vec![]])
         .unwrap()
@@ -563,33 +560,173 @@ fn a_conversion_carries_the_set_s_model_description() {
         placements: vec![ckpt::ParamLayout::new(0, split.clone(), 1).unwrap()],
     }])
     .unwrap();
-    let s = dir.path().join("s.json");
+    let s = dir.join("s.json");
     ckpt::save_param_strategy_file(&s, &strategy, &[], ckpt::StrategyFlavour::Tessera, true)
         .unwrap();
-    let description = b"{\"heads\": 2, \"hidden\": 8}\n";
-    for (name, with_model) in [("trained", true), ("bare", false)] {
-        let src = dir.path().join(name);
-        let set = ckpt::SetWriter::begin(&src, "train", false).unwrap();
-        for r in 0..2 {
-            let part = full.extract_box(&split.rank_box(r).unwrap()).unwrap();
-            ckpt::save_rank_checkpoint_in_set(set.staging(), set.id(), r, &[("w", &part)]).unwrap();
-        }
-        if with_model {
-            ckpt::save_side_file(&set.staged(Path::new("model.json")), description, false).unwrap();
-        }
-        set.commit().unwrap();
-        let dst = dir.path().join(format!("{name}-merged"));
-        convert(&src, &s, &dst, None, false).unwrap();
-        let marker = ckpt::check_set(&dst).unwrap().expect("a committed set");
-        let listed = marker.files.iter().any(|f| f.path == "model.json");
-        match with_model {
-            true => {
-                assert_eq!(std::fs::read(dst.join("model.json")).unwrap(), description);
-                assert!(listed, "{marker:?}");
-            }
-            false => assert!(!dst.join("model.json").exists() && !listed),
-        }
+    let src = dir.join(name);
+    let set = ckpt::SetWriter::begin(&src, "train", false).unwrap();
+    for r in 0..2 {
+        let part = full.extract_box(&split.rank_box(r).unwrap()).unwrap();
+        ckpt::save_rank_checkpoint_in_set(set.staging(), set.id(), r, &[("w", &part)]).unwrap();
     }
+    for (file, bytes) in sides {
+        ckpt::save_side_file(&set.staged(Path::new(file)), bytes, false).unwrap();
+    }
+    set.commit().unwrap();
+    (src, s)
+}
+
+/// Whether the committed set at `dir` lists `file`, and its bytes when it does.
+fn listed_side_file(dir: &Path, file: &str) -> Option<Vec<u8>> {
+    let marker = ckpt::check_set(dir).unwrap().expect("a committed set");
+    let listed = marker.files.iter().any(|f| f.path == file);
+    assert_eq!(listed, dir.join(file).exists(), "{}: {file}", dir.display());
+    listed.then(|| std::fs::read(dir.join(file)).unwrap())
+}
+
+#[test]
+fn a_conversion_carries_the_set_s_model_and_training_state() {
+    // `model.json` (the model's shape and tokenizer) and `train_state.json` (the training
+    // loop's state) do not depend on the layout: a conversion, a merge and the merge sliced
+    // again (`ckpt load`) hold them byte for byte, listed by their markers, so a run resumed
+    // from the output continues the loop. The training state is never parsed here (these bytes
+    // are not one; resume names the file). A set without them gets none.
+    let dir = tmp();
+    let description: &[u8] = b"{\"heads\": 2, \"hidden\": 8}\n";
+    let state: &[u8] = b"{\"format\": \"tessera-train-state\", \"global_st";
+    let sides = [("model.json", description), ("train_state.json", state)];
+    for (name, with_sides) in [("trained", true), ("bare", false)] {
+        let given: &[(&str, &[u8])] = if with_sides { &sides } else { &[] };
+        let (src, s) = trained_set(dir.path(), name, given);
+        let merged = dir.path().join(format!("{name}-merged"));
+        convert(&src, &s, &merged, None, false).unwrap();
+        let unified = dir.path().join(format!("{name}-unified"));
+        ckpt::unified_safetensors(&src, &s, &unified, &ckpt::MergeOptions::default()).unwrap();
+        let loaded = dir.path().join(format!("{name}-loaded"));
+        ckpt::load_distributed_checkpoint(&unified, &s, &loaded, &ConvertOptions::default())
+            .unwrap();
+        for out in [&merged, &unified, &loaded] {
+            for (file, bytes) in sides {
+                let expected = with_sides.then(|| bytes.to_vec());
+                assert_eq!(listed_side_file(out, file), expected, "{}", out.display());
+            }
+        }
+        // Merged into rank 0, the set is read without a strategy (as unsharded); sliced for
+        // one, it records it.
+        assert_eq!(listed_side_file(&merged, "strategy.json"), None);
+        assert!(listed_side_file(&loaded, "strategy.json").is_some());
+    }
+}
+
+#[test]
+fn a_conversion_for_a_destination_strategy_records_it_as_strategy_json() {
+    // The destination strategy, given as MindSpore protobuf (no shapes, no dtypes), is written
+    // into the output set as Tessera JSON under the name a resumed run reads, in either output
+    // format: the set converted back under its own `strategy.json` gives the same tensor.
+    let dir = tmp();
+    let (src, s) = trained_set(dir.path(), "trained", &[("train_state.json", b"{}")]);
+    let proto = dir.path().join("s.ckpt");
+    let strategy = ckpt::Strategy::load(&s).unwrap();
+    let source = ckpt::SourceSet::rank_dirs(&src).unwrap();
+    let (resolved, _) = source.resolve_source(&strategy).unwrap();
+    ckpt::save_param_strategy_file(
+        &proto,
+        &resolved,
+        &[],
+        ckpt::StrategyFlavour::MsProtobuf,
+        true,
+    )
+    .unwrap();
+    let whole = |dir: &Path, strategy: &Path| {
+        let back = dir.with_extension("back");
+        convert(dir, strategy, &back, None, true).unwrap();
+        let file = ckpt::RankFiles::discover(&back).unwrap().files[&0].clone();
+        ckpt::CheckpointFile::open(&file)
+            .unwrap()
+            .read_tensor("w")
+            .unwrap()
+    };
+    let expected = whole(&src, &s);
+    for format in [ckpt::Format::Safetensors, ckpt::Format::Ckpt] {
+        let dst = dir.path().join(format!("sharded-{}", format.extension()));
+        let opts = ConvertOptions {
+            format: Some(format),
+            ..ConvertOptions::default()
+        };
+        ckpt::convert_checkpoints(&src, &s, &dst, Some(&proto), &opts).unwrap();
+        assert!(listed_side_file(&dst, "strategy.json").is_some());
+        assert_eq!(
+            listed_side_file(&dst, "train_state.json"),
+            Some(b"{}".to_vec())
+        );
+        let written = ckpt::Strategy::load(&dst.join("strategy.json")).unwrap();
+        assert_eq!(written.flavour, ckpt::StrategyFlavour::Tessera);
+        assert_eq!(written.params[0].shape, Some(vec![8, 2]));
+        assert_eq!(written.params[0].dtype, Some(tensor::DType::F32));
+        assert_eq!(
+            whole(&dst, &dst.join("strategy.json")),
+            expected,
+            "{format:?}"
+        );
+    }
+}
+
+#[test]
+fn a_foreign_side_file_in_the_destination_is_never_replaced() {
+    // The destination holds the user's own `strategy.json` (or `train_state.json`), which no
+    // set there lists: a conversion that would write its own is refused, even with `force`,
+    // naming the file, and the file is left as it was. One the destination's set lists (an
+    // earlier conversion's) is that set's, replaced with the rest of it.
+    let dir = tmp();
+    let (src, s) = trained_set(dir.path(), "trained", &[("train_state.json", b"{}")]);
+    for (file, dst_strategy) in [
+        ("strategy.json", Some(s.as_path())),
+        ("train_state.json", None),
+    ] {
+        let dst = dir.path().join(format!("out-{file}"));
+        std::fs::create_dir(&dst).unwrap();
+        std::fs::write(dst.join(file), b"mine").unwrap();
+        let err = convert(&src, &s, &dst, dst_strategy, true).unwrap_err();
+        assert!(
+            matches!(&err, CkptError::UnsafeDestination { path, .. } if path.ends_with(file)),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("no checkpoint set there lists it"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(dst.join(file)).unwrap(), b"mine");
+        assert_eq!(names(&dst), vec![file.to_string()]);
+        assert_eq!(
+            names(dir.path())
+                .iter()
+                .filter(|n| n.contains("staging"))
+                .count(),
+            0
+        );
+        std::fs::remove_file(dst.join(file)).unwrap();
+        convert(&src, &s, &dst, dst_strategy, true).unwrap();
+        convert(&src, &s, &dst, dst_strategy, true).unwrap();
+        assert!(listed_side_file(&dst, file).is_some());
+    }
+}
+
+#[test]
+fn a_side_file_past_the_carry_bound_is_refused_before_anything_is_written() {
+    // A `train_state.json` of more than 16 MiB is no training state: the conversion refuses
+    // it, naming the file, and creates nothing.
+    let dir = tmp();
+    let huge = vec![b' '; (16 << 20) + 1];
+    let (src, s) = trained_set(dir.path(), "trained", &[("train_state.json", &huge)]);
+    let dst = dir.path().join("out");
+    let err = convert(&src, &s, &dst, Some(&s), false).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&src.join("train_state.json").display().to_string())
+            && text.contains("larger than"),
+        "{text}"
+    );
+    assert!(!dst.exists());
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub const PERIODIC_PREFIX: &str = "checkpoint_step_";
 /// The `format` value of a [`TrainState`].
 const FORMAT: &str = "tessera-train-state";
 
+/// The largest [`TRAIN_STATE_FILE`] read: one is a few hundred bytes.
+const MAX_STATE_BYTES: u64 = 1 << 20;
+
 /// What a checkpoint set records of the training loop, so a resumed run continues it exactly:
 /// the data position and every step-derived random draw follow from `global_step`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,14 +83,27 @@ impl TrainState {
     }
 
     /// Reads `dir`'s [`TRAIN_STATE_FILE`]: `Ok(None)` when there is none (a checkpoint written
-    /// before it existed, or by another tool), an error naming the file when it is malformed.
+    /// before it existed, or by another tool), an error naming the file when it is malformed
+    /// or larger than 1 MiB.
     pub fn read(dir: &Path) -> Result<Option<TrainState>, RuntimeError> {
+        use std::io::Read;
         let path = dir.join(TRAIN_STATE_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
+        let file = match std::fs::File::open(&path) {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(RuntimeError::Io { path, source }),
         };
+        let mut bytes = Vec::new();
+        if let Err(source) = file.take(MAX_STATE_BYTES + 1).read_to_end(&mut bytes) {
+            return Err(RuntimeError::Io { path, source });
+        }
+        if bytes.len() as u64 > MAX_STATE_BYTES {
+            return Err(RuntimeError::Mismatch {
+                what: path.display().to_string(),
+                expected: format!("a training state (JSON) of at most {MAX_STATE_BYTES} bytes"),
+                got: "a larger file".to_string(),
+            });
+        }
         match serde_json::from_slice::<TrainState>(&bytes) {
             Ok(state) if state.format == FORMAT => Ok(Some(state)),
             Ok(state) => Err(RuntimeError::Mismatch {
@@ -424,6 +440,38 @@ mod tests {
         assert_eq!(latest_set(out), Some(periodic_set_dir(out, 2)));
         prune(out, 5, &periodic_set_dir(out, 2)).unwrap();
         assert_eq!(names(out), vec!["checkpoint_step_2"]);
+    }
+
+    /// A training state that is not one, or is too large to be one, is refused naming the file.
+    #[test]
+    fn a_malformed_or_oversized_training_state_is_refused_naming_the_file() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join(TRAIN_STATE_FILE);
+        assert_eq!(TrainState::read(tmp.path()).unwrap(), None);
+        let state = TrainState::new(7, 5, None, 2);
+        let other = TrainState {
+            format: "other".to_string(),
+            ..state.clone()
+        }
+        .to_json_bytes();
+        let oversized = vec![b' '; MAX_STATE_BYTES as usize + 1];
+        for (bytes, says) in [
+            (
+                &b"{\"format\": \"tessera-train-state\", \"global"[..],
+                "a training state",
+            ),
+            (&other[..], "tessera-train-state"),
+            (&oversized[..], "at most"),
+        ] {
+            std::fs::write(&path, bytes).unwrap();
+            let err = TrainState::read(tmp.path()).unwrap_err().to_string();
+            assert!(
+                err.contains(&path.display().to_string()) && err.contains(says),
+                "{err}"
+            );
+        }
+        std::fs::write(&path, state.to_json_bytes()).unwrap();
+        assert_eq!(TrainState::read(tmp.path()).unwrap(), Some(state));
     }
 
     #[test]

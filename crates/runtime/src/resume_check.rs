@@ -2,7 +2,8 @@
 //! starts:
 //!
 //! - it is read under its strategy file (`output.resume_strategy`, or `strategy.json` in the
-//!   set); without one, a set of rank 0 alone is read as unsharded (merged: every tensor whole
+//!   set: training writes one, and so does `tessera ckpt convert` with a destination strategy);
+//!   without one, a set of rank 0 alone is read as unsharded (merged: every tensor whole
 //!   in rank 0's file, as `tessera ckpt convert` without a destination strategy and MindSpore's
 //!   merged checkpoints are), each of its tensors of the model's global shape
 //!   ([`resume_source`]);
@@ -12,6 +13,8 @@
 //! - a GPT checkpoint's `model.json` describes this run's model: the same shape and the same
 //!   vocabulary (a character tokenizer's alphabet, character for character), since a token id
 //!   means a character only under one alphabet;
+//! - its `train_state.json`, when it has one (training writes it, and conversions carry it),
+//!   is a training state;
 //! - the step it was saved at leaves something to train under `train.epochs` and
 //!   `train.max_steps`.
 
@@ -55,7 +58,7 @@ pub(crate) fn resume_source(
     let given = session.config.output().resume_strategy.clone();
     let (key, strategy) = match &given {
         Some(path) => ("output.resume_strategy", path.clone()),
-        None => ("output.resume_from", from.join("strategy.json")),
+        None => ("output.resume_from", from.join(ckpt::SET_STRATEGY_FILE)),
     };
     if strategy.is_dir() {
         return Err(RuntimeError::Config {
@@ -129,6 +132,9 @@ pub(crate) fn check_resumable(
     from: &Path,
     source: &ResumeSource,
 ) -> Result<u64, RuntimeError> {
+    // A training state that cannot be read (carried as-is by a conversion, which never parses
+    // it) fails here, naming the file, before any rank starts.
+    crate::periodic_ckpt::TrainState::read(from)?;
     let names = saved_names(from, source)?;
     check_tensor_names(session, from, &names)?;
     check_optimizer_state(session, from, &names)?;

@@ -1,9 +1,12 @@
 //! Checkpoints while training (`output.save_checkpoint_steps`, `keep_checkpoint_max`),
 //! `output.resume_from = "latest"`, exact resume mid-run, and `train.eval_interval`.
 
+use std::path::Path;
+
+use runtime::periodic_ckpt::TrainState;
 use runtime::{RuntimeError, Session};
 
-use crate::run_util::{adam_gpt, train_report, DP2};
+use crate::run_util::{adam_gpt, train_report, DP2, DP2_MP2};
 
 /// A run of f16 with a dynamic loss scale saves a set every 3 steps, holding the loss
 /// scaler's scale and clean-step count and Adam's own step count; a second run in the same
@@ -55,6 +58,138 @@ fn resuming_from_the_latest_periodic_set_continues_the_run_bitwise() {
     let (_, _, continued) = train_report(&resumed);
     assert_eq!(continued.0[..], reference.0[3..], "losses of steps 4–6");
     assert_eq!(continued.1, reference.1, "parameters after step 6");
+}
+
+/// A set converted to other layouts resumes the run as the set it came from: a conversion
+/// carries `train_state.json` (Adam's own step count, fewer than the global step when the
+/// dynamic loss scale skipped steps, and the scaler's scale and clean-step count) and, given a
+/// destination strategy, writes that strategy as the set's `strategy.json`. Resumed with no
+/// `output.resume_strategy` from step 3's set merged into rank 0, sharded for dp 2 × mp 2 (the
+/// strategy given as MindSpore protobuf) and the same as MindSpore `.ckpt` files, a dp-2 run
+/// trains steps 4–6 bitwise as the run that never stopped and ends with its optimizer step
+/// count and loss scale. Without the training state, Adam would count 3 steps, not the saved
+/// count, and the scale would restart.
+#[test]
+fn a_converted_set_resumes_the_run_bitwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    // f16 under the dynamic loss scale; a rate this large overflows step 3's scaled gradients.
+    let f16 = "train.precision=\"f16\"";
+    let lr = "train.learning_rate=0.5";
+    let whole_dir = tmp.path().join("whole");
+    let whole = adam_gpt(
+        &whole_dir,
+        DP2,
+        6,
+        &[f16, lr, "output.save_checkpoint_steps=3"],
+    );
+    let (_, _, reference) = train_report(&whole);
+    let read_state = |dir: &Path| TrainState::read(dir).unwrap().expect("a training state");
+    let step3 = whole_dir.join("checkpoint_step_3");
+    let saved = read_state(&step3);
+    assert!(
+        saved.optimizer_steps < saved.global_step,
+        "the dynamic loss scale skipped a step by step 3: {saved:?}"
+    );
+    let end = read_state(&whole_dir);
+    // The same model's dp 2 × mp 2 strategy, as MindSpore protobuf (no shapes, no dtypes).
+    let layout_dir = tmp.path().join("dp2-mp2");
+    std::fs::create_dir(&layout_dir).unwrap();
+    let (_, proto) = Session::new(&adam_gpt(&layout_dir, DP2_MP2, 6, &[f16, lr]))
+        .unwrap()
+        .save_strategy_files(&layout_dir)
+        .unwrap();
+    let cases = [
+        ("merged", None, None),
+        ("sharded", Some(proto.as_path()), None),
+        (
+            "sharded-ckpt",
+            Some(proto.as_path()),
+            Some(ckpt::Format::Ckpt),
+        ),
+    ];
+    for (name, dst_strategy, format) in cases {
+        let dst = tmp.path().join(name);
+        let opts = ckpt::ConvertOptions {
+            format,
+            ..Default::default()
+        };
+        let src_strategy = step3.join("strategy.json");
+        ckpt::convert_checkpoints(&step3, &src_strategy, &dst, dst_strategy, &opts).unwrap();
+        let marker = ckpt::check_set(&dst).unwrap().expect("a committed set");
+        let listed = |file: &str| marker.entries.iter().any(|e| e == file);
+        assert!(
+            listed("train_state.json") && listed("model.json"),
+            "{name}: {marker:?}"
+        );
+        assert_eq!(
+            listed("strategy.json"),
+            dst_strategy.is_some(),
+            "{name}: {marker:?}"
+        );
+        assert_eq!(read_state(&dst), saved, "{name}");
+        if let Some(proto) = dst_strategy {
+            // Written as Tessera JSON, the protobuf's parameters with their shapes bound.
+            let written = ckpt::Strategy::load(&dst.join("strategy.json")).unwrap();
+            assert_eq!(written.flavour, ckpt::StrategyFlavour::Tessera, "{name}");
+            let names = |s: &ckpt::Strategy| {
+                let mut v: Vec<String> = s.params.iter().map(|p| p.name.clone()).collect();
+                v.sort();
+                v
+            };
+            assert_eq!(
+                names(&written),
+                names(&ckpt::Strategy::load(proto).unwrap())
+            );
+        }
+        let resumed_dir = tmp.path().join(format!("resumed-{name}"));
+        let from = format!("output.resume_from=\"{}\"", dst.display());
+        let (_, _, continued) = train_report(&adam_gpt(&resumed_dir, DP2, 6, &[f16, lr, &from]));
+        assert_eq!(
+            continued.0[..],
+            reference.0[3..],
+            "{name}: losses of steps 4–6"
+        );
+        assert_eq!(continued.1, reference.1, "{name}: parameters after step 6");
+        let state = read_state(&resumed_dir);
+        assert_eq!(
+            (state.global_step, state.optimizer_steps, state.loss_scale),
+            (end.global_step, end.optimizer_steps, end.loss_scale),
+            "{name}: the optimizer counted the saved steps, not global_step"
+        );
+    }
+}
+
+/// A set whose `train_state.json` is not a training state (a conversion carries it as it is,
+/// never parsing it) is refused before any rank starts, naming the file.
+#[test]
+fn a_malformed_training_state_is_refused_before_training_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let from = tmp.path().join("set");
+    let set = ckpt::SetWriter::begin(&from, "ckpt convert", false).unwrap();
+    let step = tensor::Tensor::from_vec(&[1], vec![3i32]).unwrap();
+    ckpt::save_rank_checkpoint_in_set(set.staging(), set.id(), 0, &[("global_step", &step)])
+        .unwrap();
+    ckpt::save_side_file(
+        &set.staged(Path::new("train_state.json")),
+        b"{\"format\":",
+        false,
+    )
+    .unwrap();
+    set.commit().unwrap();
+    let resume = format!("output.resume_from=\"{}\"", from.display());
+    let cfg = adam_gpt(&tmp.path().join("out"), DP2, 6, &[&resume]);
+    let session = Session::new(&cfg).unwrap();
+    let err = runtime::train_local(&session, &runtime::LaunchOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&from.join("train_state.json").display().to_string()),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("out").join("rank_0").exists(),
+        "nothing trained: {err}"
+    );
 }
 
 /// Trains `config` (which saves no final set) to its end.

@@ -700,7 +700,18 @@ pub fn write(
     ops: &[OpStrategyRecord],
     force: bool,
 ) -> Result<PathBuf> {
-    let file = AtomicFile::create(path, force, Durability::Fsync)?;
+    write_with(path, strategy, ops, force, Durability::Fsync)
+}
+
+/// [`write`] flushed to disk as `durability` says (a file of a set is written with the set's).
+pub(crate) fn write_with(
+    path: &Path,
+    strategy: &ResolvedStrategy,
+    ops: &[OpStrategyRecord],
+    force: bool,
+    durability: Durability,
+) -> Result<PathBuf> {
+    let file = AtomicFile::create(path, force, durability)?;
     write_json(file.as_file(), strategy, ops).map_err(io_err(path, "write"))?;
     file.commit()
 }

@@ -16,12 +16,12 @@ use super::engine::options::{data_bytes, WriteOptions, DEFAULT_CHUNK_BYTES};
 use super::engine::plan::{plan_rank, Extras, OutItem, RankPlan};
 use crate::error::{CkptError, Result};
 use crate::format::crypto::Decryption;
-use crate::format::Format;
+use crate::format::{tessera_strategy, Format};
 use crate::io::atomic_write::{write_file_with, Committer};
 use crate::io::durability::Durability;
-use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
+use crate::model::{OpStrategyRecord, ResolvedStrategy, ShapeHint, Strategy};
 use crate::progress::{stop_point, NoProgress, Progress};
-use crate::set::SetWriter;
+use crate::set::{SetWriter, SET_STRATEGY_FILE};
 use crate::source::{rank_file_path, CheckpointFile, SourceSet};
 
 /// Options of a conversion.
@@ -150,6 +150,11 @@ pub struct ConvertReport {
 ///
 /// Parameters outside the source strategy are copied from source rank `r % n_src` as MindSpore
 /// does; source parameters the destination strategy lacks are written whole.
+///
+/// The output set also holds the source set's layout-independent side files
+/// (`model.json`, `train_state.json`, when its marker lists them) and, with a `dst_strategy`,
+/// that strategy as [`SET_STRATEGY_FILE`] (Tessera JSON, whatever flavour `dst_strategy` is
+/// in), so that a run resumes from the output as from the source set.
 pub fn convert_checkpoints(
     src_dir: &Path,
     src_strategy: &Path,
@@ -188,8 +193,9 @@ fn convert_from(
         src_only_params: dst_strategy.is_some(),
         home_rank: Some(rank % src_res.n_ranks().max(1)),
     };
+    let dst_ops = dst_strategy.as_ref().map(|s| s.ops.as_slice());
     write_rank_dirs(
-        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, opts, skipped,
+        &sources, &src_res, &dst_res, extras, src_dir, dst_dir, dst_ops, opts, skipped,
     )
 }
 
@@ -420,6 +426,7 @@ pub fn load_distributed_checkpoint_with(
         dir: dst_dir,
         sources: &[unified_dir],
         tool: "ckpt load",
+        strategy_ops: strategy.map(|s| s.ops.as_slice()),
     };
     run(
         &sources, &src_res, &dst_res, extras, name, out, &opts, skipped,
@@ -549,6 +556,7 @@ fn write_rank_dirs(
     extras: impl Fn(usize) -> Extras,
     src_dir: &Path,
     dst_dir: &Path,
+    dst_ops: Option<&[OpStrategyRecord]>,
     opts: &ConvertOptions<'_>,
     skipped: Vec<(String, String)>,
 ) -> Result<ConvertReport> {
@@ -559,16 +567,42 @@ fn write_rank_dirs(
         dir: dst_dir,
         sources: &[src_dir],
         tool: "ckpt convert",
+        strategy_ops: dst_ops,
     };
     run(sources, src, dst, extras, name, out, opts, skipped)
 }
 
 /// Where a conversion writes: the destination set, the directories it reads (which the
-/// destination may not overlap) and the operation's name for the set marker.
+/// destination may not overlap), the operation's name for the set marker, and whether the set
+/// records its destination strategy.
 struct Output<'a> {
     dir: &'a Path,
     sources: &'a [&'a Path],
     tool: &'a str,
+    /// `Some` (the strategy file's operator records) when the destination strategy was given:
+    /// the set then holds it as [`SET_STRATEGY_FILE`], the file a resumed run reads it under.
+    strategy_ops: Option<&'a [OpStrategyRecord]>,
+}
+
+/// The destination strategy as the set written holds it: `dst` without the parameters left
+/// out (`skipped`, under `allow_missing`), so that the strategy file lists no tensor the rank
+/// files lack.
+fn written_strategy(
+    dst: &ResolvedStrategy,
+    skipped: &[(String, String)],
+) -> Result<ResolvedStrategy> {
+    if skipped.is_empty() {
+        return Ok(dst.clone());
+    }
+    let left_out: std::collections::HashSet<&str> =
+        skipped.iter().map(|(n, _)| n.as_str()).collect();
+    let kept = dst
+        .params()
+        .iter()
+        .filter(|p| !left_out.contains(p.name.as_str()))
+        .cloned()
+        .collect();
+    ResolvedStrategy::new(kept)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -614,6 +648,13 @@ fn run(
         }
         plans.push((rank, name(rank, format), plan));
     }
+    // The source set's side files that do not depend on the layout, read before anything is
+    // written (one past the bound is refused here, naming it), and the destination strategy.
+    let carried = sources.carried_files()?;
+    let strategy = match out.strategy_ops {
+        Some(ops) => Some((written_strategy(dst, &skipped)?, ops)),
+        None => None,
+    };
     let set = SetWriter::begin_apart(
         out.dir,
         out.sources,
@@ -621,6 +662,9 @@ fn run(
         opts.force,
         opts.durability(),
     )?;
+    let mut side_files: Vec<&str> = carried.iter().map(|(n, _)| n.as_str()).collect();
+    side_files.extend(strategy.as_ref().map(|_| SET_STRATEGY_FILE));
+    set.refuse_foreign(&side_files)?;
     let total: u64 = plans.iter().map(|(_, _, p)| data_bytes(&p.items)).sum();
     opts.progress.start("converting", total);
     let committer = Committer::new();
@@ -664,12 +708,19 @@ fn run(
         });
     }
     committer.finish()?;
-    // The model the set describes is the source's whatever the layout: its description comes
-    // along, so a run resumed from (or `generate` reading) the converted set checks it.
-    for (name, bytes) in sources.carried_files()? {
-        write_file_with(
-            &set.staged(Path::new(&name)),
-            &bytes,
+    // The model the set describes and the training loop's state are the source's whatever the
+    // layout: they come along, so a run resumed from (or `generate` reading) the converted set
+    // checks the model and continues the loop (the optimizer's step count, the loss scaler).
+    for (name, bytes) in &carried {
+        write_file_with(&set.staged(Path::new(name)), bytes, false, set.durability())?;
+    }
+    // The layout written, under the name a resumed run looks for: no `output.resume_strategy`
+    // is needed to read the set.
+    if let Some((strategy, ops)) = &strategy {
+        tessera_strategy::write_with(
+            &set.staged(Path::new(SET_STRATEGY_FILE)),
+            strategy,
+            ops,
             false,
             set.durability(),
         )?;

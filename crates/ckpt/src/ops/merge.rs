@@ -167,8 +167,10 @@ pub(crate) fn assign_parts(sizes: &[u64], n_parts: usize) -> Vec<usize> {
 /// checkpoint under `src_dir` whole into `dst_dir`.
 ///
 /// Without `opts.split` the output is one checkpoint set (committed at once, see
-/// [`crate::SetWriter`]). With `opts.split` several runs fill one directory, so each file is
-/// written atomically on its own and the directory carries no set marker.
+/// [`crate::SetWriter`]) holding also the source set's layout-independent side files
+/// (`model.json`, `train_state.json`, when its marker lists them). With `opts.split` several
+/// runs fill one directory, so each file is written atomically on its own and the directory
+/// carries no set marker (and no side file).
 pub fn unified_safetensors(
     src_dir: &Path,
     strategy: &Path,
@@ -264,7 +266,19 @@ pub fn unified_safetensors(
         .filter(|(p, o)| p.name != **o)
         .map(|(p, o)| (p.name.clone(), o.clone()))
         .collect();
+    // The source set's layout-independent side files (`model.json`, `train_state.json`),
+    // read before anything is written and carried into the merged set, so that slicing it for
+    // a strategy (`ckpt load`) hands them on to a resumed run. A split merge writes a plain
+    // directory, which no reader would take them from: it carries none.
+    let carried = match opts.split {
+        None => sources.carried_files()?,
+        Some(_) => Vec::new(),
+    };
     let out = Out::begin(dst_dir, src_dir, opts)?;
+    if let Out::Set(set) = &out {
+        let names: Vec<&str> = carried.iter().map(|(n, _)| n.as_str()).collect();
+        set.refuse_foreign(&names)?;
+    }
     let part_name = |i: usize| PathBuf::from(format!("part{i}.safetensors"));
     if let Out::Plain(dir, _) = &out {
         // A split run killed mid-file (SIGKILL, power loss) left its temporary file: removed,
@@ -355,6 +369,14 @@ pub fn unified_safetensors(
             opts.durability(),
         )?;
         report.index = Some(out.final_path(rel));
+        for (name, bytes) in &carried {
+            write_file_with(
+                &out.staged(Path::new(name)),
+                bytes,
+                opts.force || out.is_set(),
+                opts.durability(),
+            )?;
+        }
     }
     out.commit()?;
     opts.progress.finish();

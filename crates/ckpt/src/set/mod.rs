@@ -47,6 +47,12 @@ pub use marker::{SetFile, SetMarker, SET_ID_KEY, SET_MARKER};
 pub use pending::abandon_pending_sets;
 pub use writer::SetWriter;
 
+/// A set's strategy file, in Tessera JSON: what `tessera train` writes beside the rank folders,
+/// what a conversion to a destination strategy writes into its output (that strategy, bound to
+/// the shapes and dtypes written), and what a resumed run (`output.resume_from`) reads the set
+/// under when `output.resume_strategy` names no other file.
+pub const SET_STRATEGY_FILE: &str = "strategy.json";
+
 /// The file that marks a directory as a staging directory (an uncommitted set).
 pub(crate) const STAGING_SENTINEL: &str = ".tessera-staging";
 

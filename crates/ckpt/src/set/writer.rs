@@ -162,6 +162,37 @@ impl SetWriter {
         self.durability
     }
 
+    /// Refuses ([`CkptError::UnsafeDestination`], naming the file) to write the top-level
+    /// files `names` into the set when the destination already holds an entry of one of those
+    /// names that no set marker of the destination lists: a file of the user's (their own
+    /// `strategy.json`, say), which committing would replace, though only the set's files were
+    /// asked for. An entry the destination's set lists is that set's, replaced with the rest
+    /// of it (the existing rule for a destination written with `force`). Call it before the
+    /// set's files are written.
+    pub fn refuse_foreign(&self, names: &[&str]) -> Result<()> {
+        let listed = SetMarker::read(&self.dest)
+            .ok()
+            .flatten()
+            .map(|m| m.entries)
+            .unwrap_or_default();
+        for name in names {
+            let present = std::fs::symlink_metadata(self.dest.join(name)).is_ok();
+            if present && !listed.iter().any(|e| e == name) {
+                return Err(CkptError::UnsafeDestination {
+                    path: self.given.join(name),
+                    rule: format!(
+                        "the destination already holds this entry and no checkpoint set there \
+                         lists it (it is not a file Tessera wrote); \"{}\" writes its own {name} \
+                         into the set, which would replace it: move it out of the destination, \
+                         or write into another directory",
+                        self.tool
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the marker and switches the staging directory into place (the commit point), then
     /// retires the directory it replaced. Returns the marker.
     pub fn commit(mut self) -> Result<SetMarker> {

@@ -15,7 +15,7 @@ use crate::format::crypto::Decryption;
 use crate::format::unified_index::{self, HYPER_PARAM_FILE, PARAM_NAME_MAP};
 use crate::format::Format;
 use crate::model::{ResolvedStrategy, ShapeHint, Strategy};
-use crate::set::{check_file_id, check_set, DirIdentity};
+use crate::set::{check_file_id, check_set, DirIdentity, SetMarker};
 
 #[derive(Debug)]
 enum Kind {
@@ -53,13 +53,28 @@ pub struct SourceSet {
     carried: Vec<String>,
 }
 
-/// The side files of a set that describe the model, not its layout, so that a conversion
-/// carries them into the set it writes: `model.json` (a GPT's shape and tokenizer, which
-/// `tessera generate` and a resumed run check the model against).
-pub(crate) const CARRIED_SIDE_FILES: [&str; 1] = ["model.json"];
+/// The side files of a set that do not depend on its layout, so that a conversion carries them
+/// into the set it writes, byte for byte (never parsed here: they are the training runtime's
+/// JSON): `model.json` (a GPT's shape and tokenizer, which `tessera generate` and a resumed run
+/// check the model against) and `train_state.json` (the training loop's state: global step,
+/// the optimizer's own step count and the loss scaler, which a resumed run continues).
+pub(crate) const CARRIED_SIDE_FILES: [&str; 2] = ["model.json", "train_state.json"];
 
 /// The largest side file carried (a `model.json` with a character alphabet is a few KiB).
 const MAX_CARRIED_BYTES: u64 = 16 << 20;
+
+/// The [`CARRIED_SIDE_FILES`] a committed set's marker lists (none without a marker: a
+/// directory assembled by hand or MindSpore's own carries nothing).
+fn carried_of(marker: Option<&SetMarker>) -> Vec<String> {
+    let Some(marker) = marker else {
+        return Vec::new();
+    };
+    CARRIED_SIDE_FILES
+        .iter()
+        .filter(|name| marker.files.iter().any(|f| f.path == **name))
+        .map(|name| name.to_string())
+        .collect()
+}
 
 impl SourceSet {
     /// Sources in `dir/rank_<N>/`. An uncommitted or mixed set is refused ([`check_set`]).
@@ -74,13 +89,7 @@ impl SourceSet {
         let identity = DirIdentity::of(dir).ok();
         let marker = check_set(dir)?;
         let mut set = SourceSet::of_rank_files(RankFiles::discover_with_suffix(dir, file_suffix)?);
-        if let Some(marker) = &marker {
-            set.carried = CARRIED_SIDE_FILES
-                .iter()
-                .filter(|name| marker.files.iter().any(|f| f.path == **name))
-                .map(|name| name.to_string())
-                .collect();
-        }
+        set.carried = carried_of(marker.as_ref());
         set.set_id = marker.map(|m| m.id);
         set.root_identity = identity;
         Ok(set)
@@ -137,7 +146,8 @@ impl SourceSet {
     }
 
     /// A unified checkpoint: `param_name_map.json`, its part files and an optional
-    /// `hyper_param.safetensors`.
+    /// `hyper_param.safetensors` (and, when it is a committed set, the
+    /// [`CARRIED_SIDE_FILES`] its marker lists, which slicing it carries on).
     pub fn unified(dir: &Path) -> Result<SourceSet> {
         let identity = DirIdentity::of(dir).ok();
         let marker = check_set(dir)?;
@@ -146,6 +156,7 @@ impl SourceSet {
             .map(|(name, file)| (name, dir.join(file)))
             .collect();
         let hyper = Some(dir.join(HYPER_PARAM_FILE)).filter(|p| p.is_file());
+        let carried = carried_of(marker.as_ref());
         Ok(SourceSet {
             kind: Kind::Unified {
                 dir: dir.to_path_buf(),
@@ -157,7 +168,7 @@ impl SourceSet {
             first_id: Mutex::default(),
             decryption: None,
             root_identity: identity,
-            carried: Vec::new(),
+            carried,
         })
     }
 

@@ -126,8 +126,9 @@ fn a_conversion_without_fsync_writes_the_same_files_and_never_syncs() {
             dir.join(format!("off_{ext}")),
         );
         let (on_files, off_files) = (files(&on, &set_id(&on)), files(&off, &set_id(&off)));
-        // Two rank files and the marker.
-        assert_eq!(on_files.len(), 3, "{:?}", on_files.keys());
+        // Two rank files, the destination strategy (written with the set's durability too)
+        // and the marker.
+        assert_eq!(on_files.len(), 4, "{:?}", on_files.keys());
         assert_eq!(on_files, off_files, "{format:?}");
         crate::check_set(&off).unwrap().expect("a committed set");
     }
