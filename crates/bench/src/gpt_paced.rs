@@ -75,20 +75,11 @@ pub fn gpt_step_paced(
 mod tests {
     use super::*;
 
+    /// A 1-layer GPT of width 32 paced for at most `steps` steps.
     fn tiny(steps: usize) -> GptStepRequest {
         GptStepRequest {
             steps,
-            layers: 1,
-            hidden: 32,
-            profile: false,
-            deterministic: false,
-            rounds: 1,
-            fusion: false,
-            clip: false,
-            threads: 1,
-            context_parallel_seq: None,
-            sequence_parallel: false,
-            one_rank: true,
+            ..crate::gpt_step::tests::one_step_on_one_rank(1, 32)
         }
     }
 

@@ -845,11 +845,11 @@ fn interleaved_steps(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// One timed step of a GPT of `layers` × `hidden` on one rank, nothing else timed.
-    fn one_step_on_one_rank(layers: usize, hidden: usize) -> GptStepRequest {
+    pub(crate) fn one_step_on_one_rank(layers: usize, hidden: usize) -> GptStepRequest {
         GptStepRequest {
             steps: 1,
             layers,
