@@ -39,6 +39,59 @@ pub fn seed_mlp(
     seed_mlp_with_dtype(batch, input_shape, hidden, classes, DType::F32)
 }
 
+/// An MLP like [`seed_mlp`] traced from cells, its ops named as a cell of one's own names them,
+/// inside the cell `within` (`"net"`: all in the engine's pipeline layer `net`, as a loss cell
+/// of one's own traces them; `""`: each cell a layer of its own): `flatten`, `Dense` cells `fc1`
+/// (`in → hidden`), `fc2` (`hidden → hidden`) and `fc3` (`hidden → classes`, no activation),
+/// then `loss` (SparseSoftmaxCrossEntropy), so `net.flatten`, `net.fc1.matmul`, … `fc1` and
+/// `fc2` apply their own ReLU, or, with `shared_act`, are each followed by a call of one
+/// activation cell `act` (ops `act.relu` and `act.relu_1`, as the Python front end names a
+/// cell's second call). The graphs of pipelines whose `stage_config` names cells below a layer,
+/// or that cut between a cell's calls.
+pub fn nested_mlp(
+    batch: usize,
+    input_shape: &[usize],
+    hidden: usize,
+    classes: usize,
+    shared_act: bool,
+    within: &str,
+) -> Result<Model, GraphError> {
+    use crate::nn::{Activation, Dense};
+    let name = |cell: &str| match within {
+        "" => cell.to_string(),
+        _ => format!("{within}.{cell}"),
+    };
+    let mut b = GraphBuilder::new();
+    let mut x_shape = vec![batch];
+    x_shape.extend_from_slice(input_shape);
+    let x = b.input("x", &x_shape, DType::F32)?;
+    let labels = b.input("labels", &[batch], DType::I32)?;
+    let dense = |inputs: usize| match shared_act {
+        true => Dense::new(inputs, hidden),
+        false => Dense::new(inputs, hidden).activation(Activation::Relu),
+    };
+    let act = |b: &mut GraphBuilder, h, op: &str| match shared_act {
+        true => b.relu(op, h),
+        false => Ok(h),
+    };
+    let h = b.flatten(&name("flatten"), x)?;
+    let h = b.call(&name("fc1"), &dense(input_shape.iter().product()), h)?;
+    let h = act(&mut b, h, &name("act.relu"))?;
+    let h = b.call(&name("fc2"), &dense(hidden), h)?;
+    let h = act(&mut b, h, &name("act.relu_1"))?;
+    let logits = b.call(&name("fc3"), &Dense::new(hidden, classes), h)?;
+    let loss = b.sparse_softmax_cross_entropy(&name("loss"), logits, labels)?;
+    b.output(loss)?;
+    b.output(logits)?;
+    Ok(Model {
+        graph: b.finish(),
+        input: x,
+        labels,
+        logits,
+        loss,
+    })
+}
+
 /// [`seed_mlp`] with parameters and input of another float dtype (f64 for gradient checks).
 pub fn seed_mlp_with_dtype(
     batch: usize,

@@ -560,3 +560,55 @@ fn configured_pipeline_stages_are_planned_stage_by_stage_and_train_like_one_devi
     );
     run_util::assert_same_run("loaded configured stages", &loaded, &run, 1e-6);
 }
+
+/// A network of cells inside a cell `net` (`graph::models::nested_mlp`, its ReLU one cell
+/// `net.act` called after `net.fc1` and again after `net.fc2`) searched on the 2 stages of a
+/// `[parallel.pipeline]` whose `stage_config` names cells below the layer `net` (`net.fc1` on
+/// stage 0, `net.fc2` on stage 1, so the second call of `net.act` runs on stage 1): the
+/// strategies it saves, whose ops of `net` name both stages, load back under the same
+/// configuration (they were refused: "the ops of layer \"net\" name several stages"), are
+/// placed alike on the same pipeline and train as the run that searched.
+#[test]
+fn strategies_saved_with_stages_below_a_layer_load_and_train_as_searched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ops.json");
+    let config = |name: &str, key: &str| {
+        run_util::seed_mlp(
+            &tmp.path().join(name),
+            "momentum",
+            &format!(
+                "devices = 4\nmode = \"dynamic_programming\"\n{key} = \"{}\"\n\
+                 [parallel.pipeline]\nstages = 2\nmicro_batches = 4\n\
+                 stage_config = {{ \"net.fc1\" = 0, \"net.fc2\" = 1 }}",
+                file.display()
+            ),
+            &[],
+        )
+    };
+    let train = |config: &TrainConfig| {
+        let model =
+            graph::models::nested_mlp(config.data().batch_size, &[8, 8], 128, 10, true, "net")
+                .expect("the nested MLP");
+        let session = Session::with_model(config, model).expect("the session builds");
+        run_util::train_session_run(config, session, 20)
+    };
+    let (searched, run) = train(&config("search", "save_operator_strategy_file"));
+    let records = ckpt::read_operator_strategy_file(&file).expect("the saved strategies");
+    let stage = |op: &str| records.iter().find(|r| r.name == op).map(|r| r.stage);
+    assert_eq!(stage("net.fc1.matmul"), Some(0));
+    assert_eq!(stage("net.act.relu"), Some(0));
+    assert_eq!(stage("net.fc2.matmul"), Some(1));
+    assert_eq!(stage("net.act.relu_1"), Some(1), "the raised call's stage");
+    let (loaded, loaded_run) = train(&config("load", "load_operator_strategy_file"));
+    let placed = |s: &Session| {
+        let placed = &s.train.placed;
+        let nodes: Vec<_> = placed
+            .nodes
+            .iter()
+            .map(|n| (n.strategy.clone(), n.inputs.clone()))
+            .collect();
+        (placed.config.pipeline.clone(), nodes)
+    };
+    assert_eq!(placed(&loaded), placed(&searched));
+    run_util::assert_same_run("loaded stages below a layer", &loaded_run, &run, 1e-6);
+}

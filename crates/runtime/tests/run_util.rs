@@ -12,7 +12,12 @@ pub type Run = (Vec<f32>, Vec<(String, Vec<f32>)>);
 /// Trains `config` on the local backend, expecting `steps` steps with the same loss on every
 /// rank; returns the session (for its programs) and the losses.
 pub fn train_steps(config: &TrainConfig, steps: usize) -> (Session, Vec<f32>) {
-    let session = Session::new(config).expect("the session builds");
+    train_session_steps(Session::new(config).expect("the session builds"), steps)
+}
+
+/// [`train_steps`] of a session already built (a network of one's own:
+/// `Session::with_model`).
+pub fn train_session_steps(session: Session, steps: usize) -> (Session, Vec<f32>) {
     let options = LaunchOptions {
         print_loss: false,
         ..LaunchOptions::default()
@@ -33,7 +38,16 @@ pub fn train_steps(config: &TrainConfig, steps: usize) -> (Session, Vec<f32>) {
 /// Trains `config` for `steps` steps: the session, and the run (losses and every parameter of
 /// the training program, merged from the checkpoint the ranks saved).
 pub fn train_run(config: &TrainConfig, steps: usize) -> (Session, Run) {
-    let (session, losses) = train_steps(config, steps);
+    train_session_run(
+        config,
+        Session::new(config).expect("the session builds"),
+        steps,
+    )
+}
+
+/// [`train_run`] of `session`, already built under `config` (`Session::with_model`).
+pub fn train_session_run(config: &TrainConfig, session: Session, steps: usize) -> (Session, Run) {
+    let (session, losses) = train_session_steps(session, steps);
     let params = merged_params(&config.output().dir, &param_names(&session));
     (session, (losses, params))
 }

@@ -7,7 +7,9 @@
 //!    together), which costs every layer: its ops' shares of the step time and their memory;
 //! 2. the layers are cut into P contiguous stages minimising the slowest stage's time, with
 //!    each stage's memory under the budget: its parameters, gradients and optimizer state, and
-//!    the activations of as many micro-batches as the schedule holds on it at once;
+//!    the activations of as many micro-batches as the schedule holds on it at once, and only
+//!    where the run accepts the `stage_config` naming every layer ([`CutRules`]: no cut between
+//!    two calls of one cell, a trainable parameter on every stage but the last);
 //! 3. each stage's ops are searched again on their own on the stage's `devices / P` devices,
 //!    under what the budget leaves for them;
 //! 4. the schedule (`[parallel.pipeline]`'s scheduler and micro-batches, or 1F1B with 4·P) is
@@ -148,11 +150,72 @@ fn schedule_for(parallel: &ParallelConfig, stages: usize) -> (usize, Scheduler, 
     }
 }
 
+/// Where the run accepts a stage to begin, per layer in model order (what [`node_stages`]
+/// refuses of a `stage_config` naming every layer).
+#[derive(Debug, Clone)]
+struct CutRules {
+    /// Whether a stage may begin at the layer: no earlier layer (cell) is called again after
+    /// the layer's first op. A cut there would run the cell's later call, which may read this
+    /// stage's output, on the earlier stage its key names
+    /// ([`parallel::pipeline::PipelineError::CellSplitBetweenStages`]).
+    can_start: Vec<bool>,
+    /// Whether the layer reads a trainable parameter: every stage but the last must hold one
+    /// ([`parallel::pipeline::PipelineError::StageWithoutParameters`] otherwise, when a later
+    /// stage holds one).
+    trains: Vec<bool>,
+}
+
+impl CutRules {
+    /// The rules of `layers` (each with its forward ops) of `graph`.
+    fn of(graph: &Graph, layers: &[(String, Vec<String>)]) -> CutRules {
+        let ids = |ops: &[String]| -> Vec<usize> {
+            ops.iter()
+                .filter_map(|o| graph.node_by_name(o))
+                .map(|id| id.0)
+                .collect()
+        };
+        let spans: Vec<(usize, usize)> = layers
+            .iter()
+            .map(|(_, ops)| {
+                let ids = ids(ops);
+                let first = ids.iter().copied().min().unwrap_or(0);
+                (first, ids.iter().copied().max().unwrap_or(first))
+            })
+            .collect();
+        let can_start = (0..layers.len())
+            .map(|i| spans[..i].iter().all(|&(_, last)| last < spans[i].0))
+            .collect();
+        let trains = layers
+            .iter()
+            .map(|(_, ops)| {
+                ids(ops).into_iter().any(|id| {
+                    graph.nodes()[id].inputs.iter().any(|v| {
+                        matches!(
+                            graph.values()[v.0].kind,
+                            graph::ValueKind::Parameter {
+                                trainable: true,
+                                ..
+                            }
+                        )
+                    })
+                })
+            })
+            .collect();
+        CutRules { can_start, trains }
+    }
+}
+
 /// Contiguous cut of `layers` into `stages` groups minimising the largest group time, each
-/// group's memory (`fixed + activations × held[stage]`) at most `budget`; `None` when no cut
-/// fits. Returns the first layer of every stage.
-fn cut(layers: &[LayerCost], held: &[f64], budget: f64) -> Option<Vec<usize>> {
+/// group's memory (`fixed + activations × held[stage]`) at most `budget`, every group beginning
+/// where `rules` let a stage begin and every group but the last holding a trainable parameter;
+/// `None` when no cut fits. Returns the first layer of every stage.
+fn cut(layers: &[LayerCost], rules: &CutRules, held: &[f64], budget: f64) -> Option<Vec<usize>> {
     let n = layers.len();
+    // trained[j]: the layers of 0..j that read a trainable parameter.
+    let mut trained = vec![0usize; n + 1];
+    for i in 0..n {
+        trained[i + 1] = trained[i] + usize::from(rules.trains.get(i).copied().unwrap_or(true));
+    }
     let stages = held.len();
     let mut prefix = vec![LayerCost::default(); n + 1];
     for (i, l) in layers.iter().enumerate() {
@@ -177,6 +240,10 @@ fn cut(layers: &[LayerCost], held: &[f64], budget: f64) -> Option<Vec<usize>> {
             for i in lo..=hi {
                 let before = if s == 0 { 0.0 } else { best[s - 1][i] };
                 if !before.is_finite() {
+                    continue;
+                }
+                let starts_here = s == 0 || rules.can_start.get(i).copied().unwrap_or(true);
+                if !starts_here || (s + 1 < stages && trained[j] == trained[i]) {
                     continue;
                 }
                 let group = span(i, j);
@@ -470,7 +537,15 @@ fn try_stages(
         Err(e) => return Ok(Err(e.to_string())),
     };
     // 2. Cut the layers into stages.
-    let Some(starts) = cut(&costs, &shape.held, budget as f64) else {
+    let rules = CutRules::of(planner.model.graph(), layers);
+    let Some(starts) = cut(&costs, &rules, &shape.held, budget as f64) else {
+        if cut(&costs, &rules, &shape.held, f64::INFINITY).is_none() {
+            return Ok(Err(format!(
+                "no cut of the {} layers into {stages} stages gives every stage but the last a \
+                 trainable parameter without cutting between two calls of one cell",
+                layers.len()
+            )));
+        }
         return Ok(Err(format!(
             "no cut of the {} layers into {stages} stages fits {budget} bytes per device",
             layers.len()
@@ -662,62 +737,53 @@ fn staged(
 }
 
 /// The pipeline of strategies loaded from an operator strategy file whose entries name their
-/// stages (`planner.parallel.strategies` holds the loaded strategies): each layer runs on the
-/// stage of its ops, and the plan is costed as a searched one is. When the entries' stages are
-/// those `[parallel.pipeline]` configures, that pipeline is kept as configured.
+/// stages (`planner.parallel.strategies` holds the loaded strategies), costed as a searched
+/// one is.
+///
+/// Under `configured` (`[parallel.pipeline]` stages the run places itself: several, without
+/// `parallel.auto_pipeline`) every entry must name the stage the run places its op on
+/// ([`node_stages`], so `stage_config` keys below a layer and calls raised to a later stage
+/// included), else the file is refused naming the op and both stages; the pipeline is kept as
+/// configured and every op costed on its stage. Otherwise each layer ([`layer_of`]) runs on
+/// the stage of its ops, which must be one and must not decrease along the model.
 pub(crate) fn plan_loaded_stages(
     planner: &Planner<'_>,
     stage_of_op: &BTreeMap<String, usize>,
     file: &std::path::Path,
+    configured: Option<&PipelineConfig>,
 ) -> Result<PipelinedSearch, SearchError> {
-    let layers = model_layers(planner.model.graph());
-    let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
     let key = "parallel.load_operator_strategy_file";
     let bad = |reason: String| SearchError::Config {
         key: key.to_string(),
         reason: format!("{}: {reason}", file.display()),
     };
-    if !planner.devices.is_multiple_of(stages) {
-        return Err(bad(format!(
-            "its {stages} stages do not divide the {} devices",
-            planner.devices
-        )));
-    }
-    let mut stage_of_layer = Vec::with_capacity(layers.len());
-    for (layer, ops) in &layers {
-        let found: BTreeSet<usize> = ops
-            .iter()
-            .filter_map(|o| stage_of_op.get(o))
-            .copied()
-            .collect();
-        match (found.first(), found.len()) {
-            (Some(&s), 1) => stage_of_layer.push(s),
-            (None, _) => return Err(bad(format!("no op of layer {layer:?} has a stage"))),
-            _ => {
-                return Err(bad(format!(
-                    "the ops of layer {layer:?} name several stages {found:?}"
-                )))
-            }
+    let (shape, stages, layers, stage_of_layer) = match configured {
+        Some(pipeline) => {
+            planner.parallel.validate_pipeline()?;
+            check_placed_as_loaded(planner, pipeline, stage_of_op).map_err(bad)?;
+            let (layers, stage_of_layer) = configured_layers(planner, pipeline)?;
+            let shape = shape_of(pipeline.clone(), true)?;
+            (shape, pipeline.stages, layers, stage_of_layer)
         }
-    }
-    // The configured pipeline, when it places every layer where the file does.
-    let configured = planner
-        .parallel
-        .pipeline
-        .as_ref()
-        .filter(|p| p.stages == stages)
-        .filter(|p| places_as_loaded(planner, p, stage_of_op))
-        .cloned();
-    if configured.is_none() && stage_of_layer.windows(2).any(|w| w[1] < w[0]) {
-        return Err(bad(
-            "the stages must not decrease along the model".to_string()
-        ));
-    }
-    let shape = match &configured {
-        Some(pipeline) => shape_of(pipeline.clone(), true)?,
-        None => shape(planner.parallel, stages)?,
-    }
-    .ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
+        None => {
+            let layers = model_layers(planner.model.graph());
+            let stage_of_layer = loaded_layer_stages(&layers, stage_of_op).map_err(bad)?;
+            let stages = stage_of_op.values().copied().max().unwrap_or(0) + 1;
+            if !planner.devices.is_multiple_of(stages) {
+                return Err(bad(format!(
+                    "its {stages} stages do not divide the {} devices",
+                    planner.devices
+                )));
+            }
+            (
+                shape(planner.parallel, stages)?,
+                stages,
+                layers,
+                stage_of_layer,
+            )
+        }
+    };
+    let shape = shape.ok_or_else(|| bad(format!("the scheduler cannot run {stages} stages")))?;
     let zeros = vec![0.0; layers.len()];
     let attempt =
         staged(planner, &shape, &layers, &stage_of_layer, &zeros)?.map_err(|miss| match miss {
@@ -729,13 +795,48 @@ pub(crate) fn plan_loaded_stages(
         })?;
     let mut plan = attempt.plan;
     if let Some(pipeline) = configured {
-        plan.config = pipeline;
+        plan.config = pipeline.clone();
     }
     Ok(PipelinedSearch {
         strategies: attempt.strategies,
         plan,
         flat: None,
     })
+}
+
+/// The stage of every layer of `layers` (by [`layer_of`]) from a loaded file's `stage_of_op`,
+/// without a configured pipeline: the one stage its ops name, the stages not decreasing along
+/// the model; or why not.
+fn loaded_layer_stages(
+    layers: &Layers,
+    stage_of_op: &BTreeMap<String, usize>,
+) -> Result<Vec<usize>, String> {
+    let mut stage_of_layer: Vec<usize> = Vec::with_capacity(layers.len());
+    for (layer, ops) in layers {
+        let named: Vec<(&String, usize)> = ops
+            .iter()
+            .filter_map(|o| stage_of_op.get(o).map(|&s| (o, s)))
+            .collect();
+        let Some(&(first_op, first)) = named.first() else {
+            return Err(format!("no op of layer {layer:?} has a stage"));
+        };
+        if let Some(&(other_op, other)) = named.iter().find(|(_, s)| *s != first) {
+            return Err(format!(
+                "the ops of layer {layer:?} name several stages ({first_op:?} stage {first}, \
+                 {other_op:?} stage {other}); without [parallel.pipeline] stages each layer \
+                 runs on one stage: configure the pipeline the file was saved with (its stages \
+                 and the stage_config naming the cells of {layer:?})"
+            ));
+        }
+        if let Some(&before) = stage_of_layer.last().filter(|&&b| first < b) {
+            return Err(format!(
+                "the stages must not decrease along the model (layer {layer:?} is on stage \
+                 {first}, after a layer on stage {before})"
+            ));
+        }
+        stage_of_layer.push(first);
+    }
+    Ok(stage_of_layer)
 }
 
 /// The layers of the model as the run places `pipeline` ([`node_stages`]: `stage_config`, or
@@ -772,22 +873,40 @@ fn configured_layers(
     Ok((layers, stages))
 }
 
-/// Whether the run places every op of `stage_of_op` (a loaded strategy file's stages) on the
-/// stage the file gives it, under `pipeline` ([`node_stages`]).
-fn places_as_loaded(
+/// Checks that the run places every op of `stage_of_op` (a loaded strategy file's stages) on
+/// the stage the file gives it under `pipeline` ([`node_stages`]); the first op in graph order
+/// that it does not, named with both stages, otherwise.
+fn check_placed_as_loaded(
     planner: &Planner<'_>,
     pipeline: &PipelineConfig,
     stage_of_op: &BTreeMap<String, usize>,
-) -> bool {
+) -> Result<(), String> {
     let graph = planner.model.graph();
-    let Ok(placed) = node_stages(graph, pipeline) else {
-        return false;
-    };
-    stage_of_op.iter().all(|(op, &stage)| {
-        graph
-            .node_by_name(op)
-            .is_none_or(|id| placed.nodes[id.0] == stage)
-    })
+    let placed = node_stages(graph, pipeline)
+        .map_err(|e| format!("the configured [parallel.pipeline] places no op: {e}"))?;
+    let moved = graph
+        .nodes()
+        .iter()
+        .zip(&placed.nodes)
+        .find_map(|(node, &run)| {
+            stage_of_op
+                .get(&node.name)
+                .filter(|&&file| file != run)
+                .map(|&file| (&node.name, file, run))
+        });
+    match moved {
+        None => Ok(()),
+        Some((op, file, run)) => Err(format!(
+            "op {op:?} is on stage {file} in the file, but the configured [parallel.pipeline] \
+             ({} stages{}) places it on stage {run}: load the file under the pipeline it was \
+             saved with",
+            pipeline.stages,
+            match pipeline.stage_config.is_empty() {
+                true => ", cut evenly by parameter counts".to_string(),
+                false => ", its stage_config".to_string(),
+            }
+        )),
+    }
 }
 
 /// The pipeline `[parallel.pipeline]` configures (several stages, without
@@ -902,12 +1021,39 @@ mod tests {
         }
     }
 
+    /// Rules letting a stage begin anywhere, every layer holding parameters.
+    fn free(n: usize) -> CutRules {
+        CutRules {
+            can_start: vec![true; n],
+            trains: vec![true; n],
+        }
+    }
+
     #[test]
     fn the_cut_minimises_the_slowest_stage() {
         let layers = [1.0, 1.0, 1.0, 3.0].map(|t| layer(t, 0.0, 0.0));
         // [1, 1, 1 | 3]: the slowest stage takes 3, any other cut more.
-        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 3]));
-        assert_eq!(cut(&layers, &[1.0; 4], 100.0), Some(vec![0, 1, 2, 3]));
+        assert_eq!(cut(&layers, &free(4), &[1.0, 1.0], 100.0), Some(vec![0, 3]));
+        assert_eq!(
+            cut(&layers, &free(4), &[1.0; 4], 100.0),
+            Some(vec![0, 1, 2, 3])
+        );
+    }
+
+    /// A stage never begins where a cell called again later would be cut from its later call,
+    /// and every stage but the last holds a trainable parameter: the best cut the run accepts.
+    #[test]
+    fn the_cut_keeps_a_cells_calls_together_and_parameters_on_every_stage() {
+        let layers = [1.0, 1.0, 1.0, 3.0].map(|t| layer(t, 0.0, 0.0));
+        let mut rules = free(4);
+        rules.can_start[3] = false;
+        assert_eq!(cut(&layers, &rules, &[1.0, 1.0], 100.0), Some(vec![0, 2]));
+        let mut rules = free(4);
+        rules.trains = vec![true, true, false, true];
+        // [1, 1 | 1 | 3] would leave stage 1 without parameters.
+        assert_eq!(cut(&layers, &rules, &[1.0; 3], 100.0), Some(vec![0, 1, 3]));
+        rules.trains = vec![false; 4];
+        assert_eq!(cut(&layers, &rules, &[1.0, 1.0], 100.0), None);
     }
 
     #[test]
@@ -915,8 +1061,8 @@ mod tests {
         // Time alone would cut [1, 1 | 1, 1]; stage 0 holds 3 micro-batches of activations,
         // so it can only take one layer under 40 bytes.
         let layers = [layer(1.0, 10.0, 10.0); 4];
-        assert_eq!(cut(&layers, &[1.0, 1.0], 100.0), Some(vec![0, 2]));
-        assert_eq!(cut(&layers, &[3.0, 1.0], 40.0), None);
-        assert_eq!(cut(&layers, &[3.0, 1.0], 60.0), Some(vec![0, 1]));
+        assert_eq!(cut(&layers, &free(4), &[1.0, 1.0], 100.0), Some(vec![0, 2]));
+        assert_eq!(cut(&layers, &free(4), &[3.0, 1.0], 40.0), None);
+        assert_eq!(cut(&layers, &free(4), &[3.0, 1.0], 60.0), Some(vec![0, 1]));
     }
 }

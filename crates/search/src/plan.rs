@@ -557,7 +557,15 @@ fn plan_pipelined(
 ) -> Result<PlanReport, SearchError> {
     let planner = planner(request, parallel, mode, budget);
     let found = match staging {
-        Staging::Loaded(stage_of_op, file) => plan_loaded_stages(&planner, stage_of_op, file)?,
+        Staging::Loaded(stage_of_op, file) => {
+            // `[parallel.pipeline]`'s stages place the ops unless the search chooses them
+            // (`parallel.auto_pipeline`, which ignores the configured count).
+            let configured = parallel
+                .pipeline
+                .as_ref()
+                .filter(|p| p.stages > 1 && !request.auto_pipeline);
+            plan_loaded_stages(&planner, stage_of_op, file, configured)?
+        }
         Staging::Configured => plan_configured_stages(&planner)?,
         Staging::Search => search_pipelined(&planner)?,
     };

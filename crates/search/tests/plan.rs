@@ -5,10 +5,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tensor::DType;
-
-use graph::models::{seed_mlp, Model};
-use graph::{nn, Graph, GraphBuilder};
+use graph::models::{nested_mlp, seed_mlp, Model};
+use graph::Graph;
 use parallel::pipeline::{layers_of_stage, node_stages, PipelineConfig, Scheduler};
 use parallel::{ParallelConfig, ParallelMode};
 use search::{
@@ -26,6 +24,8 @@ struct Mlp {
     hidden: usize,
     nested: bool,
     shared_act: bool,
+    /// The cell the nested MLP's cells are called in (`"net"`, or `""` for none).
+    within: &'static str,
     model: Model,
 }
 
@@ -42,6 +42,7 @@ impl Mlp {
             hidden,
             nested: false,
             shared_act: false,
+            within: "",
             model: seed_mlp(batch, &image, hidden, 4).expect("the seed MLP"),
         }
     }
@@ -55,43 +56,26 @@ impl Mlp {
     /// [`Mlp::nested`], its ReLUs one cell `net.act` called after `net.fc1` and `net.fc2` when
     /// `shared_act`.
     fn nested_with(batch: usize, image: [usize; 2], hidden: usize, shared_act: bool) -> Mlp {
-        let build = || -> Result<Model, graph::GraphError> {
-            let mut b = GraphBuilder::new();
-            let x = b.input("x", &[batch, image[0], image[1]], DType::F32)?;
-            let labels = b.input("labels", &[batch], DType::I32)?;
-            let dense = |inputs: usize| match shared_act {
-                true => nn::Dense::new(inputs, hidden),
-                false => nn::Dense::new(inputs, hidden).activation(nn::Activation::Relu),
-            };
-            // The cell's second call names its op as the Python front end does.
-            let act = |b: &mut GraphBuilder, h, op: &str| match shared_act {
-                true => b.relu(op, h),
-                false => Ok(h),
-            };
-            let h = b.flatten("net.flatten", x)?;
-            let h = b.call("net.fc1", &dense(image[0] * image[1]), h)?;
-            let h = act(&mut b, h, "net.act.relu")?;
-            let h = b.call("net.fc2", &dense(hidden), h)?;
-            let h = act(&mut b, h, "net.act.relu_1")?;
-            let logits = b.call("net.fc3", &nn::Dense::new(hidden, 4), h)?;
-            let loss = b.sparse_softmax_cross_entropy("net.loss", logits, labels)?;
-            b.output(loss)?;
-            b.output(logits)?;
-            Ok(Model {
-                graph: b.finish(),
-                input: x,
-                labels,
-                logits,
-                loss,
-            })
-        };
+        Mlp::cells(batch, image, hidden, shared_act, "net")
+    }
+
+    /// `graph::models::nested_mlp` with its cells called in the cell `within`.
+    fn cells(
+        batch: usize,
+        image: [usize; 2],
+        hidden: usize,
+        shared_act: bool,
+        within: &'static str,
+    ) -> Mlp {
         Mlp {
             batch,
             image,
             hidden,
             nested: true,
             shared_act,
-            model: build().expect("the nested MLP"),
+            within,
+            model: nested_mlp(batch, &image, hidden, 4, shared_act, within)
+                .expect("the nested MLP"),
         }
     }
 }
@@ -111,7 +95,13 @@ impl PlanModel for Mlp {
 
     fn with_batch_size(&self, batch_size: usize) -> Result<Box<dyn PlanModel>, SearchError> {
         Ok(Box::new(match self.nested {
-            true => Mlp::nested_with(batch_size, self.image, self.hidden, self.shared_act),
+            true => Mlp::cells(
+                batch_size,
+                self.image,
+                self.hidden,
+                self.shared_act,
+                self.within,
+            ),
             false => Mlp::wide(batch_size, self.image, self.hidden),
         }))
     }
@@ -244,6 +234,161 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
     assert_eq!(applied.pipeline, Some(pipeline));
 }
 
+/// `model` planned by dynamic programming on 4 devices in 2 stages of 1F1B (4 micro-batches)
+/// whose `stage_config` puts `net.fc1` on stage 0 and `net.fc2` on stage 1, checked to cost every
+/// op on the stage the run places it on.
+fn planned_with_stages_below_net(model: &Mlp) -> PlanReport {
+    let parallel = stages_below_net();
+    let report = plan(&request(model, &parallel, Strategies::Search)).expect("a staged plan");
+    let pipeline = parallel.pipeline.as_ref().expect("the pipeline");
+    assert_staged_as_the_run_places(model, pipeline, &report);
+    report
+}
+
+/// Dynamic programming on 4 devices in 2 stages of 1F1B (4 micro-batches) whose `stage_config`
+/// puts `net.fc1` on stage 0 and `net.fc2` on stage 1.
+fn stages_below_net() -> ParallelConfig {
+    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+    let mut pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
+    pipeline.stage_config = vec![("net.fc1".to_string(), 0), ("net.fc2".to_string(), 1)];
+    let mut parallel = ParallelConfig::new(mode, 4);
+    parallel.pipeline = Some(pipeline);
+    parallel
+}
+
+/// The operator strategy file `report` saves (`parallel.save_operator_strategy_file`: every
+/// op with its split tuples and its stage), as `parallel.load_operator_strategy_file` reads it.
+fn saved_file(report: &PlanReport) -> LoadedStrategies {
+    let ops = report
+        .strategies
+        .iter()
+        .map(|(name, inputs)| LoadedOp {
+            name: name.clone(),
+            stage: report.stage_of(name),
+            inputs: inputs.clone(),
+            layouts: LoadedLayouts {
+                inputs: None,
+                outputs: None,
+            },
+        })
+        .collect();
+    LoadedStrategies {
+        file: PathBuf::from("saved.json"),
+        ops,
+    }
+}
+
+/// A plan saved under a pipeline cut below the layer `net` (`stage_config` keys `net.fc1`,
+/// `net.fc2`; with `shared_act`, a cell whose second call is raised to stage 1 too) loads back
+/// under the same pipeline: the same strategies on the same stages, the pipeline kept as
+/// configured, every op costed where the run places it, and applied as the searched plan is.
+/// The ops of `net` name both stages, which the loader refused before checking the configured
+/// placement.
+#[test]
+fn a_plan_staged_below_a_layer_loads_back_under_its_pipeline() {
+    for shared_act in [false, true] {
+        let model = Mlp::nested_with(8, [16, 16], 256, shared_act);
+        let parallel = stages_below_net();
+        let pipeline = parallel.pipeline.clone().expect("the pipeline");
+        let searched = planned_with_stages_below_net(&model);
+        let file = saved_file(&searched);
+        assert!(
+            file.ops.iter().any(|op| op.stage == 1),
+            "the file has stages"
+        );
+        let loaded = plan(&request(&model, &parallel, Strategies::Loaded(file)))
+            .unwrap_or_else(|e| panic!("shared_act {shared_act}: the saved plan loads: {e}"));
+        assert_eq!(loaded.loaded_from, Some(PathBuf::from("saved.json")));
+        assert_eq!(loaded.strategies, searched.strategies);
+        let (got, want) = (
+            loaded.pipeline.as_ref().expect("stages"),
+            searched.pipeline.as_ref().expect("stages"),
+        );
+        assert_eq!(got.config, pipeline, "the pipeline kept as configured");
+        assert_eq!(got.stage_of_op, want.stage_of_op);
+        assert_eq!(got.layers, want.layers);
+        assert_staged_as_the_run_places(&model, &pipeline, &loaded);
+        if shared_act {
+            assert_eq!(loaded.stage_of("net.act.relu"), 0);
+            assert_eq!(loaded.stage_of("net.act.relu_1"), 1);
+        }
+        let (mut from_file, mut from_search) = (parallel.clone(), parallel.clone());
+        loaded.apply_to(&mut from_file).expect("applied");
+        searched.apply_to(&mut from_search).expect("applied");
+        assert_eq!(from_file.pipeline, from_search.pipeline);
+        assert_eq!(from_file.strategies, from_search.strategies);
+    }
+}
+
+/// A file whose stage for an op is not the one the configured pipeline places it on is
+/// refused, naming the file, the op and both stages: the raised call `net.act.relu_1` (stage 1
+/// under the configuration) written on stage 0.
+#[test]
+fn a_loaded_stage_the_configured_pipeline_does_not_place_is_refused_naming_the_op() {
+    let model = Mlp::nested_with(8, [16, 16], 256, true);
+    let parallel = stages_below_net();
+    let mut file = saved_file(&planned_with_stages_below_net(&model));
+    let moved = file
+        .ops
+        .iter_mut()
+        .find(|op| op.name == "net.act.relu_1")
+        .expect("the raised call has an entry");
+    assert_eq!(moved.stage, 1);
+    moved.stage = 0;
+    let err = plan(&request(&model, &parallel, Strategies::Loaded(file))).expect_err("refused");
+    match &err {
+        SearchError::Config { key, reason } => {
+            assert_eq!(key, "parallel.load_operator_strategy_file");
+            assert!(
+                reason.contains("saved.json")
+                    && reason.contains("op \"net.act.relu_1\" is on stage 0 in the file")
+                    && reason.contains("places it on stage 1"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+}
+
+/// Without configured stages (`[parallel.pipeline]` only cutting the batch, or stages chosen by
+/// `parallel.auto_pipeline`) each layer runs on the stage of its ops: a file whose ops of the
+/// layer `net` name two stages is refused naming the layer, an op on each stage and what to
+/// configure.
+#[test]
+fn a_layer_cut_by_loaded_stages_without_a_configured_pipeline_is_refused_naming_it() {
+    let model = Mlp::nested(8, [16, 16], 256);
+    let file = saved_file(&planned_with_stages_below_net(&model));
+    let mut batch_cut = stages_below_net();
+    batch_cut.pipeline = Some(PipelineConfig::new(1, 4, Scheduler::OneFOneB));
+    let configured = stages_below_net();
+    let mut auto = request(&model, &configured, Strategies::Loaded(file.clone()));
+    auto.auto_pipeline = true;
+    for (what, request) in [
+        (
+            "one stage",
+            request(&model, &batch_cut, Strategies::Loaded(file)),
+        ),
+        ("auto_pipeline", auto),
+    ] {
+        let err = plan(&request).expect_err("refused");
+        let reason = match &err {
+            SearchError::Config { key, reason }
+                if key == "parallel.load_operator_strategy_file" =>
+            {
+                reason
+            }
+            other => panic!("{what}: {other}"),
+        };
+        assert!(
+            reason.contains("the ops of layer \"net\" name several stages")
+                && reason.contains("\"net.flatten\" stage 0")
+                && reason.contains("\"net.fc2.matmul\" stage 1")
+                && reason.contains("[parallel.pipeline]"),
+            "{what}: {reason}"
+        );
+    }
+}
+
 /// A configured pipeline whose `stage_config` keys name cells below one of the engine's pipeline
 /// layers (`net.fc1`, `net.fc2` inside the layer `net`, as a loss cell of one's own names them)
 /// is planned with every op on the stage the run places it on: the search grouped the ops by
@@ -251,13 +396,7 @@ fn configured_pipeline_stages_are_searched_stage_by_stage() {
 #[test]
 fn configured_stages_below_a_layer_are_planned_where_the_run_places_them() {
     let model = Mlp::nested(8, [16, 16], 256);
-    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
-    let mut pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
-    pipeline.stage_config = vec![("net.fc1".to_string(), 0), ("net.fc2".to_string(), 1)];
-    let mut parallel = ParallelConfig::new(mode, 4);
-    parallel.pipeline = Some(pipeline.clone());
-    let report = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
-    assert_staged_as_the_run_places(&model, &pipeline, &report);
+    let report = planned_with_stages_below_net(&model);
     assert_eq!(report.stage_of("net.fc1.matmul"), 0);
     assert_eq!(report.stage_of("net.fc2.matmul"), 1);
 }
@@ -268,13 +407,7 @@ fn configured_stages_below_a_layer_are_planned_where_the_run_places_them() {
 #[test]
 fn a_cell_called_on_two_stages_is_planned_and_listed_on_both() {
     let model = Mlp::nested_with(8, [16, 16], 256, true);
-    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
-    let mut pipeline = PipelineConfig::new(2, 4, Scheduler::OneFOneB);
-    pipeline.stage_config = vec![("net.fc1".to_string(), 0), ("net.fc2".to_string(), 1)];
-    let mut parallel = ParallelConfig::new(mode, 4);
-    parallel.pipeline = Some(pipeline.clone());
-    let report = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
-    assert_staged_as_the_run_places(&model, &pipeline, &report);
+    let report = planned_with_stages_below_net(&model);
     assert_eq!(report.stage_of("net.act.relu"), 0);
     assert_eq!(report.stage_of("net.act.relu_1"), 1);
     let layers = &report.pipeline.as_ref().expect("the stages").layers;
@@ -506,5 +639,33 @@ fn a_profile_whose_costs_overflow_gives_an_error_not_a_nan_plan() {
                 && err.to_string().contains("profile overflowing"),
             "{err}"
         );
+    }
+}
+
+/// `parallel.auto_pipeline` cuts only where the run accepts the `stage_config` it emits (one
+/// naming every layer): never between two calls of one cell (`act`, called after `fc1` and
+/// again after the heavy `fc2`: the balanced cut between `act` and `fc2` left `act.relu_1`,
+/// which reads `fc2`, on stage 0, `CellSplitBetweenStages`) and never leaving a stage before
+/// the last without parameters (4 stages put `act` alone on one, `StageWithoutParameters`).
+/// Every op runs on the stage the plan costed it on.
+#[test]
+fn an_automatic_pipeline_cuts_where_the_run_accepts_its_stages() {
+    for devices in [2, 4] {
+        let model = Mlp::cells(1, [4, 4], 512, true, "");
+        let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+        let mut parallel = ParallelConfig::new(mode, devices);
+        parallel.pipeline = Some(PipelineConfig::new(1, 1, Scheduler::OneFOneB));
+        let mut auto = request(&model, &parallel, Strategies::Search);
+        auto.auto_pipeline = true;
+        let report = plan(&auto).expect("a plan");
+        let staged = report.pipeline.as_ref().expect("the stages");
+        assert_eq!(staged.config.stages, devices, "the batch of 1 is pipelined");
+        let placed = node_stages(&model.model.graph, &staged.config)
+            .unwrap_or_else(|e| panic!("{devices} devices: the run refuses the stages: {e}"));
+        for (name, &stage) in &staged.stage_of_op {
+            let id = model.model.graph.node_by_name(name).expect("an op");
+            assert_eq!(placed.nodes[id.0], stage, "{devices} devices: {name}");
+        }
+        assert_eq!(report.stage_of("act.relu"), report.stage_of("act.relu_1"));
     }
 }
