@@ -80,12 +80,23 @@ pub fn nested_mlp(
     let h = b.call(&name("fc2"), &dense(hidden), h)?;
     let h = act(&mut b, h, &name("act.relu_1"))?;
     let logits = b.call(&name("fc3"), &Dense::new(hidden, classes), h)?;
-    let loss = b.sparse_softmax_cross_entropy(&name("loss"), logits, labels)?;
+    classifier(b, &name("loss"), (x, labels), logits)
+}
+
+/// The model of `b`'s graph ending in `logits`: their sparse softmax cross entropy against
+/// `labels` as op `loss_name`, the graph's outputs the loss, then the logits.
+fn classifier(
+    mut b: GraphBuilder,
+    loss_name: &str,
+    (input, labels): (ValueId, ValueId),
+    logits: ValueId,
+) -> Result<Model, GraphError> {
+    let loss = b.sparse_softmax_cross_entropy(loss_name, logits, labels)?;
     b.output(loss)?;
     b.output(logits)?;
     Ok(Model {
         graph: b.finish(),
-        input: x,
+        input,
         labels,
         logits,
         loss,
@@ -119,14 +130,5 @@ pub fn seed_mlp_with_dtype(
     let h = b.matmul("matmul2", h, w2)?;
     let h = b.relu("relu2", h)?;
     let logits = b.matmul("matmul3", h, w3)?;
-    let loss = b.sparse_softmax_cross_entropy("loss", logits, labels)?;
-    b.output(loss)?;
-    b.output(logits)?;
-    Ok(Model {
-        graph: b.finish(),
-        input: x,
-        labels,
-        logits,
-        loss,
-    })
+    classifier(b, "loss", (x, labels), logits)
 }
