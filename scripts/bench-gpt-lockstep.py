@@ -10,7 +10,10 @@ of each engine.
     python3 scripts/bench-gpt-lockstep.py --tessera target-release/release/tessera \\
         --python <venv>/bin/python [--steps 40]
 
-`scripts/bench-gpt-pairs.sh` pairs whole runs a few seconds apart; this pairs single steps.
+`scripts/bench-gpt-pairs.sh` pairs whole runs a few seconds apart; this pairs single steps. Each
+step here runs after the other engine's step has evicted its data from the shared L3 cache: on
+an Ice Lake Xeon that made Tessera's step about 25 % slower than alone and PyTorch's about 10 %
+(docs/PERFORMANCE.md), so the two measures answer different questions; report both.
 """
 import argparse
 import os
