@@ -741,7 +741,8 @@ fn staged(
 /// one is.
 ///
 /// Under `configured` (`[parallel.pipeline]` stages the run places itself: several, without
-/// `parallel.auto_pipeline`) every entry must name the stage the run places its op on
+/// `parallel.auto_pipeline`) with a `stage_config`, or whose cut by parameter counts places every
+/// op where the file does, every entry must name the stage the run places its op on
 /// ([`node_stages`], so `stage_config` keys below a layer and calls raised to a later stage
 /// included), else the file is refused naming the op and both stages; the pipeline is kept as
 /// configured and every op costed on its stage. Otherwise each layer ([`layer_of`]) runs on
@@ -756,6 +757,18 @@ pub(crate) fn plan_loaded_stages(
     let bad = |reason: String| SearchError::Config {
         key: key.to_string(),
         reason: format!("{}: {reason}", file.display()),
+    };
+    // Configured stages without `stage_config` (the count only, the layers cut by parameters)
+    // that place the ops elsewhere than the file: the file's pipeline is placed, as a plan of
+    // `parallel.auto_pipeline` loaded under its stage count is.
+    let configured = match configured {
+        Some(pipeline)
+            if pipeline.stage_config.is_empty()
+                && check_placed_as_loaded(planner, pipeline, stage_of_op).is_err() =>
+        {
+            None
+        }
+        other => other,
     };
     let (shape, stages, layers, stage_of_layer) = match configured {
         Some(pipeline) => {
@@ -898,13 +911,9 @@ fn check_placed_as_loaded(
         None => Ok(()),
         Some((op, file, run)) => Err(format!(
             "op {op:?} is on stage {file} in the file, but the configured [parallel.pipeline] \
-             ({} stages{}) places it on stage {run}: load the file under the pipeline it was \
-             saved with",
+             ({} stages, its stage_config) places it on stage {run}: load the file under the \
+             pipeline it was saved with",
             pipeline.stages,
-            match pipeline.stage_config.is_empty() {
-                true => ", cut evenly by parameter counts".to_string(),
-                false => ", its stage_config".to_string(),
-            }
         )),
     }
 }

@@ -350,6 +350,31 @@ fn a_loaded_stage_the_configured_pipeline_does_not_place_is_refused_naming_the_o
     }
 }
 
+/// Configured stages without `stage_config` (a stage count, the layers cut by parameter counts)
+/// that cut elsewhere than a loaded file (a plan of `parallel.auto_pipeline`, loaded under its
+/// stage count): the file's pipeline is placed, every layer on the stage of its ops.
+#[test]
+fn a_loaded_cut_under_a_configured_stage_count_is_placed_as_the_file_says() {
+    let model = Mlp::cells(8, [16, 16], 256, false, "");
+    let mode = ParallelMode::Auto(SearchMode::DynamicProgramming);
+    let mut parallel = ParallelConfig::new(mode, 4);
+    parallel.pipeline = Some(PipelineConfig::new(2, 4, Scheduler::OneFOneB));
+    let searched = plan(&request(&model, &parallel, Strategies::Search)).expect("a staged plan");
+    assert_eq!(
+        searched.stage_of("fc2.matmul"),
+        1,
+        "the cut by parameter counts"
+    );
+    let mut file = saved_file(&searched);
+    for op in &mut file.ops {
+        op.stage = usize::from(op.name.starts_with("fc3") || op.name.starts_with("loss"));
+    }
+    let loaded = plan(&request(&model, &parallel, Strategies::Loaded(file))).expect("placed");
+    assert_eq!(loaded.stage_of("fc1.matmul"), 0);
+    assert_eq!(loaded.stage_of("fc2.matmul"), 0);
+    assert_eq!(loaded.stage_of("fc3.matmul"), 1);
+}
+
 /// Without configured stages (`[parallel.pipeline]` only cutting the batch, or stages chosen by
 /// `parallel.auto_pipeline`) each layer runs on the stage of its ops: a file whose ops of the
 /// layer `net` name two stages is refused naming the layer, an op on each stage and what to
