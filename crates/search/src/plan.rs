@@ -441,7 +441,6 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             false => configured_stages(parallel).then_some(Staging::Configured),
         };
         if let Some(staging) = staging {
-            let configured = matches!(staging, Staging::Configured);
             let mut with_loaded = parallel.clone();
             for r in &loaded.ops {
                 with_loaded.strategies.insert(
@@ -454,9 +453,8 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             report.search_ms = 0.0;
             report.gap = None;
             report.loaded_from = Some(file.clone());
-            if configured {
-                report.layouts = layouts;
-            }
+            // Placed by its layouts whatever the stages (costed by their split factors).
+            report.layouts = layouts;
             return Ok(report);
         }
         let strategies = loaded

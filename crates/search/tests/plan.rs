@@ -320,6 +320,69 @@ fn a_plan_staged_below_a_layer_loads_back_under_its_pipeline() {
     }
 }
 
+/// A file whose entries name stages keeps the layout-form strategies of its ops (MindSpore's
+/// `parallel_layout_value_item` / `parallel_out_layout_value_item`, here on `net.fc2.matmul`
+/// of stage 1): the plan reports them and applies them, not their split factors alone (a mesh
+/// `(a, b) = (1, 2)` with the batch split over both axes, which the split tuple `[2, 1]` places
+/// on a mesh `(2, 1)`). They were dropped on this path, kept only without stages in the file.
+#[test]
+fn layouts_of_a_file_with_stages_are_kept_and_applied() {
+    let model = Mlp::nested(8, [16, 16], 256);
+    let parallel = stages_below_net();
+    let mut file = saved_file(&planned_with_stages_below_net(&model));
+    let mesh = layout::Layout::new(&[1, 2], &["a", "b"], None).expect("a mesh");
+    let batch_over_both = |ndim: usize| {
+        let mut dims = vec![layout::DimSpec::from(["a", "b"])];
+        dims.resize(ndim, layout::DimSpec::Replicated);
+        mesh.apply(&dims).expect("a layout")
+    };
+    let ins = vec![
+        batch_over_both(2),
+        mesh.apply(&["None".into(), "None".into()])
+            .expect("a layout"),
+    ];
+    let outs = vec![batch_over_both(2)];
+    let op = file
+        .ops
+        .iter_mut()
+        .find(|op| op.name == "net.fc2.matmul")
+        .expect("the op has an entry");
+    assert_eq!(op.stage, 1, "the op is on the second stage");
+    op.inputs = ins.iter().map(layout::Layout::split_factors).collect();
+    assert_eq!(op.inputs, vec![vec![2, 1], vec![1, 1]]);
+    assert_ne!(
+        ins[0],
+        layout::Layout::from_strategy(&op.inputs[0], 2).expect("the split's layout"),
+        "the layout is not the one its split factors give"
+    );
+    op.layouts = LoadedLayouts {
+        inputs: Some(ins.clone()),
+        outputs: Some(outs.clone()),
+    };
+    let report =
+        plan(&request(&model, &parallel, Strategies::Loaded(file))).expect("the file loads");
+    assert!(report.pipeline.is_some(), "planned stage by stage");
+    assert_eq!(report.stage_of("net.fc2.matmul"), 1);
+    assert_eq!(
+        report.layouts.get("net.fc2.matmul"),
+        Some(&LoadedLayouts {
+            inputs: Some(ins.clone()),
+            outputs: Some(outs.clone()),
+        }),
+        "the file's layouts are reported"
+    );
+    let mut applied = parallel.clone();
+    report.apply_to(&mut applied).expect("applied");
+    let strategy = &applied.strategies["net.fc2.matmul"];
+    assert_eq!(
+        strategy.in_layouts,
+        Some(ins),
+        "placed by the file's layouts"
+    );
+    assert_eq!(strategy.out_layouts, Some(outs));
+    assert_eq!(strategy.inputs, vec![vec![2, 1], vec![1, 1]]);
+}
+
 /// A file whose stage for an op is not the one the configured pipeline places it on is
 /// refused, naming the file, the op and both stages: the raised call `net.act.relu_1` (stage 1
 /// under the configuration) written on stage 0.
