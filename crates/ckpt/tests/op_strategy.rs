@@ -278,3 +278,68 @@ fn bad_layout_entries_name_the_op_and_the_rule() {
         }
     }
 }
+
+/// MindSpore's layout items name no pipeline stage, and `current_stage` is a save counter, not
+/// a stage: an op known only from `parallel_layout_value_item` in a file whose other entries
+/// name stages above 0 is refused naming the op and the key (it was placed on stage 0
+/// silently). Its out_strategy entry's stage places it; without other stages it is on stage 0,
+/// whatever `current_stage` says.
+#[test]
+fn a_layout_only_op_in_a_file_with_stages_is_refused_unless_its_stage_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("strategy.json");
+    let file = |current_stage: usize, relu_stage: usize, out: &str| {
+        format!(
+            r#"{{"current_stage":{current_stage},"parallel_strategy_item":{{"relu1":{{"parallel_strategy":[[8,1]],"stage":{relu_stage}}}}},
+            "parallel_layout_value_item":{{"matmul1":{{"0":{},"1":{}}}}}{out}}}"#,
+            ms_layout("[[2,1],[-1]]"),
+            ms_layout("[[-1],[0]]"),
+        )
+    };
+    let read = |text: String| {
+        std::fs::write(&path, text).unwrap();
+        read_operator_strategy_file(&path)
+    };
+    let err = read(file(0, 1, "")).unwrap_err().to_string();
+    for needle in [
+        "\"matmul1\" is only in \"parallel_layout_value_item\", which gives no pipeline stage",
+        "op \"relu1\" is in stage 1",
+        "strategy.json",
+    ] {
+        assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+    }
+    let stage_of = |records: Vec<OpStrategyRecord>| {
+        records
+            .into_iter()
+            .find(|r| r.name == "matmul1")
+            .map(|r| (r.stage, r.outputs))
+    };
+    let out =
+        r#","parallel_out_strategy_item":{"matmul1":{"parallel_strategy":[[4,1]],"stage":1}}"#;
+    assert_eq!(
+        stage_of(read(file(0, 1, out)).unwrap()),
+        Some((1, Some(vec![vec![4, 1]]))),
+        "placed on its out_strategy entry's stage"
+    );
+    assert_eq!(
+        stage_of(read(file(3, 0, "")).unwrap()),
+        Some((0, None)),
+        "current_stage is not a pipeline stage"
+    );
+}
+
+/// A layout-form record of a file with stages is written with a split-tuple entry naming its
+/// stage, so it reads back on that stage (not refused as an op whose stage is unknown).
+#[test]
+fn staged_layout_records_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ops.json");
+    let mut matmul = record("matmul1", vec![vec![2, 1], vec![1, 4]], None);
+    matmul.in_layouts = Some(vec![lay(&["sp", "None"]), lay(&["None", "dp+mp"])]);
+    matmul.stage = 1;
+    let records = vec![matmul, record("relu1", vec![vec![8, 1]], None)];
+    write_operator_strategy_file(&path, &records).unwrap();
+    let mut read = read_operator_strategy_file(&path).unwrap();
+    read.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(read, records);
+}

@@ -24,7 +24,8 @@ use crate::lm::TextData;
 use crate::session::SearchedPlan;
 
 /// The operator strategy records of `report` (what `parallel.save_operator_strategy_file`
-/// and `tessera plan` write): every op's strategy, its stage and its loaded layouts.
+/// and `tessera plan` write): every op's strategy, its stage, its loaded layouts and its loaded
+/// out_strategy.
 pub fn operator_strategy_records(report: &PlanReport) -> Vec<OpStrategyRecord> {
     report
         .strategies
@@ -36,9 +37,10 @@ pub fn operator_strategy_records(report: &PlanReport) -> Vec<OpStrategyRecord> {
                 name: name.clone(),
                 stage: report.stage_of(name),
                 inputs: inputs.clone(),
-                outputs: out_layouts
-                    .as_ref()
-                    .map(|o| o.iter().map(layout::Layout::split_factors).collect()),
+                outputs: match &out_layouts {
+                    Some(o) => Some(o.iter().map(layout::Layout::split_factors).collect()),
+                    None => report.out_strategies.get(name).cloned(),
+                },
                 in_layouts: layouts.and_then(|l| l.inputs.clone()),
                 out_layouts,
             }
@@ -318,6 +320,7 @@ fn load_strategies(path: &Path) -> Result<LoadedStrategies, RuntimeError> {
             name: r.name,
             stage: r.stage,
             inputs: r.inputs,
+            outputs: r.outputs,
             layouts: LoadedLayouts {
                 inputs: r.in_layouts,
                 outputs: r.out_layouts,
@@ -568,6 +571,7 @@ mod tests {
             n_classes: 0,
             loaded_from: None,
             layouts: BTreeMap::new(),
+            out_strategies: BTreeMap::new(),
             pipeline: None,
         }
     }

@@ -612,3 +612,87 @@ fn strategies_saved_with_stages_below_a_layer_load_and_train_as_searched() {
     assert_eq!(placed(&loaded), placed(&searched));
     run_util::assert_same_run("loaded stages below a layer", &loaded_run, &run, 1e-6);
 }
+
+/// A MindSpore file's out_strategy given as split tuples (`parallel_out_strategy_item`, no
+/// layouts) is placed with its op: `matmul1`'s partial sums reduce-scattered onto `(4, 1)`
+/// instead of all-reduced, as the same strategy in `[parallel.shard]` and
+/// `[parallel.out_shard]` places and trains it; the file the run saves holds it again. It was
+/// dropped when read, the op's output left as its in_strategy gives it. An out_strategy the op
+/// cannot take is refused naming the op and the file.
+#[test]
+fn a_loaded_out_strategy_tuple_is_placed_and_saved_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("ms_ops.json");
+    std::fs::write(
+        &file,
+        r#"{"current_stage": 0,
+            "parallel_strategy_item": {"matmul1": {"stage": 0, "parallel_strategy": [[2, 2], [2, 1]]}},
+            "parallel_out_strategy_item": {"matmul1": {"stage": 0, "parallel_strategy": [[4, 1]]}}}"#,
+    )
+    .unwrap();
+    let configured = run_util::seed_mlp(
+        &tmp.path().join("config"),
+        "momentum",
+        "devices = 4\nmode = \"semi_auto\"\n[parallel.shard]\nmatmul1 = [[2, 2], [2, 1]]\n\
+         [parallel.out_shard]\nmatmul1 = [[4, 1]]",
+        &[],
+    );
+    let (want, want_run) = run_util::train_run(&configured, 20);
+    let saved = tmp.path().join("saved.json");
+    let loading = |dir: &str, file: &std::path::Path| {
+        run_util::seed_mlp(
+            &tmp.path().join(dir),
+            "momentum",
+            &format!(
+                "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
+                 save_operator_strategy_file = \"{}\"",
+                file.display(),
+                saved.display()
+            ),
+            &[],
+        )
+    };
+    let (got, got_run) = train_searched(&loading("load", &file));
+    let matmul1 = |s: &Session| {
+        let placed = &s.train.placed;
+        let id = placed.graph.node_by_name("matmul1").expect("matmul1");
+        let node = &placed.nodes[id.0];
+        (node.strategy.clone(), node.out_layouts.clone())
+    };
+    let (strategy, outs) = matmul1(&got);
+    assert_eq!(strategy, Some(vec![vec![2, 2], vec![2, 1]]));
+    let outs = outs.expect("matmul1's output is brought to the file's out_strategy");
+    assert_eq!(outs[0].split_factors(), vec![4, 1]);
+    assert_eq!(matmul1(&got), matmul1(&want));
+    run_util::assert_same_run("loaded out_strategy", &got_run, &want_run, 1e-6);
+    let resaved = ckpt::read_operator_strategy_file(&saved)
+        .unwrap()
+        .into_iter()
+        .find(|r| r.name == "matmul1")
+        .expect("matmul1 saved");
+    assert_eq!(resaved.outputs, Some(vec![vec![4, 1]]), "saved back");
+
+    // 10 classes cannot be split 4 ways.
+    let bad = tmp.path().join("bad_ops.json");
+    std::fs::write(
+        &bad,
+        r#"{"current_stage": 0,
+            "parallel_strategy_item": {"matmul3": {"stage": 0, "parallel_strategy": [[4, 1], [1, 1]]}},
+            "parallel_out_strategy_item": {"matmul3": {"stage": 0, "parallel_strategy": [[1, 4]]}}}"#,
+    )
+    .unwrap();
+    let err = match Session::new(&loading("bad", &bad)) {
+        Ok(_) => panic!("an out_strategy splitting 10 classes 4 ways was placed"),
+        Err(e) => e.to_string(),
+    };
+    for needle in [
+        "matmul3",
+        "out_strategy [1, 4]",
+        &format!(
+            "the strategy and its out_strategy come from parallel.load_operator_strategy_file {}",
+            bad.display()
+        ),
+    ] {
+        assert!(err.contains(needle), "{err:?} lacks {needle:?}");
+    }
+}

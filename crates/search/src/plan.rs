@@ -74,6 +74,9 @@ pub struct LoadedOp {
     pub stage: usize,
     /// Its input strategy as split factors.
     pub inputs: Vec<Vec<usize>>,
+    /// Its output strategy as split factors, when the file gives one (as split tuples, or as
+    /// layouts in `layouts.outputs`: then their split factors).
+    pub outputs: Option<Vec<Vec<usize>>>,
     /// Its layout-valued strategies, when the entry gives layouts.
     pub layouts: LoadedLayouts,
 }
@@ -158,6 +161,9 @@ pub struct PlanReport {
     /// layouts of its inputs and, when given, of its outputs. `strategies` holds their split
     /// factors.
     pub layouts: BTreeMap<String, LoadedLayouts>,
+    /// The out_strategies a loaded operator strategy file gives as split tuples (not layouts:
+    /// those are in `layouts`), by op name; placed with the op's strategy and saved back.
+    pub out_strategies: BTreeMap<String, Vec<Vec<usize>>>,
     /// The pipeline planned stage by stage: the one the search chose (`parallel.auto_pipeline`),
     /// the one `[parallel.pipeline]` configures (several stages: searched in a search mode,
     /// costed with the configured strategies otherwise), or the
@@ -248,9 +254,10 @@ impl PlanReport {
                 Some(layouts) => OpStrategy::from_layouts(layouts, None),
                 None => OpStrategy::from_tuples(inputs, None),
             };
-            let strategy = match outs {
-                Some(layouts) => strategy.with_out_layouts(layouts),
-                None => strategy,
+            let strategy = match (outs, self.out_strategies.get(&name)) {
+                (Some(layouts), _) => strategy.with_out_layouts(layouts),
+                (None, Some(tuples)) => strategy.with_out_tuples(tuples.clone()),
+                (None, None) => strategy,
             };
             parallel.strategies.insert(name, strategy);
         }
@@ -380,6 +387,7 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             n_classes: 0,
             loaded_from: from,
             layouts,
+            out_strategies: BTreeMap::new(),
             pipeline: None,
         })
     };
@@ -428,6 +436,12 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             .filter(|r| r.layouts.inputs.is_some() || r.layouts.outputs.is_some())
             .map(|r| (r.name.clone(), r.layouts.clone()))
             .collect();
+        let out_strategies: BTreeMap<String, Vec<Vec<usize>>> = loaded
+            .ops
+            .iter()
+            .filter(|r| r.layouts.outputs.is_none())
+            .filter_map(|r| Some((r.name.clone(), r.outputs.clone()?)))
+            .collect();
         let stage_of_op: BTreeMap<String, usize> = loaded
             .ops
             .iter()
@@ -445,7 +459,7 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             for r in &loaded.ops {
                 with_loaded.strategies.insert(
                     r.name.clone(),
-                    OpStrategy::from_tuples(r.inputs.clone(), None),
+                    OpStrategy::from_tuples(r.inputs.clone(), r.outputs.clone()),
                 );
             }
             let mut report =
@@ -455,6 +469,7 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             report.loaded_from = Some(file.clone());
             // Placed by its layouts whatever the stages (costed by their split factors).
             report.layouts = layouts;
+            report.out_strategies = out_strategies;
             return Ok(report);
         }
         let strategies = loaded
@@ -462,12 +477,14 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
             .iter()
             .map(|r| (r.name.clone(), r.inputs.clone()))
             .collect();
-        return costed(
+        let mut report = costed(
             mode.name().to_string(),
             &strategies,
             Some(file.clone()),
             layouts,
-        );
+        )?;
+        report.out_strategies = out_strategies;
+        return Ok(report);
     }
     if !request.auto_pipeline {
         // The run places the inputs by the dataset strategy first: a plan it would refuse is
@@ -503,6 +520,7 @@ fn plan_unchecked(request: &PlanRequest<'_>) -> Result<PlanReport, SearchError> 
         n_classes: result.n_classes,
         loaded_from: None,
         layouts: BTreeMap::new(),
+        out_strategies: BTreeMap::new(),
         pipeline: None,
     })
 }
@@ -602,6 +620,7 @@ fn plan_pipelined(
         n_classes,
         loaded_from: None,
         layouts: BTreeMap::new(),
+        out_strategies: BTreeMap::new(),
         pipeline: Some(plan),
     })
 }

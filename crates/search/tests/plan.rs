@@ -172,6 +172,7 @@ fn a_loaded_strategy_for_an_op_the_model_lacks_names_the_file_and_the_op() {
             name: "no_such_op".to_string(),
             stage: 0,
             inputs: vec![vec![4, 1]],
+            outputs: None,
             layouts: LoadedLayouts {
                 inputs: None,
                 outputs: None,
@@ -266,6 +267,7 @@ fn saved_file(report: &PlanReport) -> LoadedStrategies {
             name: name.clone(),
             stage: report.stage_of(name),
             inputs: inputs.clone(),
+            outputs: None,
             layouts: LoadedLayouts {
                 inputs: None,
                 outputs: None,
@@ -756,4 +758,59 @@ fn an_automatic_pipeline_cuts_where_the_run_accepts_its_stages() {
         }
         assert_eq!(report.stage_of("act.relu"), report.stage_of("act.relu_1"));
     }
+}
+
+/// An out_strategy a loaded file gives as split tuples (MindSpore's
+/// `parallel_out_strategy_item` without layouts) is kept with its op, in a file without stages
+/// and in one with: the report holds it and applies it as the op's out_strategy. It was
+/// dropped on every path (`LoadedOp` had no outputs).
+#[test]
+fn loaded_out_strategy_tuples_are_kept_and_applied() {
+    // Without stages: matmul1's partial sums reduce-scattered onto (4, 1).
+    let model = Mlp::new(8);
+    let parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
+    let loaded = LoadedStrategies {
+        file: PathBuf::from("ops.json"),
+        ops: vec![LoadedOp {
+            name: "matmul1".to_string(),
+            stage: 0,
+            inputs: vec![vec![2, 2], vec![2, 1]],
+            outputs: Some(vec![vec![4, 1]]),
+            layouts: LoadedLayouts {
+                inputs: None,
+                outputs: None,
+            },
+        }],
+    };
+    let report =
+        plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect("the file loads");
+    assert_eq!(
+        report.out_strategies.get("matmul1"),
+        Some(&vec![vec![4, 1]])
+    );
+    let mut applied = parallel.clone();
+    report.apply_to(&mut applied).expect("applied");
+    let strategy = &applied.strategies["matmul1"];
+    assert_eq!(strategy.outputs, Some(vec![vec![4, 1]]));
+    assert_eq!(strategy.out_layouts, None);
+
+    // With stages: `net.fc2.matmul` of stage 1 given its output's split.
+    let model = Mlp::nested(8, [16, 16], 256);
+    let parallel = stages_below_net();
+    let mut file = saved_file(&planned_with_stages_below_net(&model));
+    let op = file
+        .ops
+        .iter_mut()
+        .find(|op| op.name == "net.fc2.matmul")
+        .expect("the op has an entry");
+    assert_eq!(op.stage, 1, "the op is on the second stage");
+    let outs = vec![vec![op.inputs[0][0], op.inputs[1][1]]];
+    op.outputs = Some(outs.clone());
+    let report =
+        plan(&request(&model, &parallel, Strategies::Loaded(file))).expect("the file loads");
+    assert!(report.pipeline.is_some(), "planned stage by stage");
+    assert_eq!(report.out_strategies.get("net.fc2.matmul"), Some(&outs));
+    let mut applied = parallel.clone();
+    report.apply_to(&mut applied).expect("applied");
+    assert_eq!(applied.strategies["net.fc2.matmul"].outputs, Some(outs));
 }

@@ -735,7 +735,18 @@ pub(crate) fn name_shard_key(config: &TrainConfig, error: parallel::ParallelErro
                 "{rule}; the strategy comes from parallel.strategy_file {}",
                 path.display()
             ),
-            None => rule,
+            None => match from_operator_strategy_file(config, &op, &strategy) {
+                Some((path, true)) if rule.starts_with("out_strategy") => format!(
+                    "{rule}; the strategy and its out_strategy come from \
+                     parallel.load_operator_strategy_file {}",
+                    path.display()
+                ),
+                Some((path, _)) => format!(
+                    "{rule}; the strategy comes from parallel.load_operator_strategy_file {}",
+                    path.display()
+                ),
+                None => rule,
+            },
         },
     };
     parallel::ParallelError::InvalidStrategy {
@@ -800,6 +811,27 @@ fn from_strategy_file<'a>(
         .iter()
         .any(|o| o.name == op && parallel::format_strategy(&o.inputs) == strategy)
         .then_some(path)
+}
+
+/// The file of `parallel.load_operator_strategy_file`, in a search mode, when its entry for
+/// `op` is `strategy`, and whether that entry gives an out_strategy.
+fn from_operator_strategy_file<'a>(
+    config: &'a TrainConfig,
+    op: &str,
+    strategy: &str,
+) -> Option<(&'a std::path::Path, bool)> {
+    if !matches!(
+        config.parallel_config().mode,
+        parallel::ParallelMode::Auto(_)
+    ) {
+        return None;
+    }
+    let path = config.search().load_operator_strategy_file.as_deref()?;
+    let records = ckpt::read_operator_strategy_file(path).ok()?;
+    records
+        .iter()
+        .find(|r| r.name == op && parallel::format_strategy(&r.inputs) == strategy)
+        .map(|r| (path, r.outputs.is_some()))
 }
 
 /// `key` as a TOML key segment: bare when it can be, else quoted.

@@ -24,8 +24,12 @@
 //! stage: an out_strategy whose `stage` differs from its in_strategy's is refused). Ops sharded
 //! with layouts
 //! are in `parallel_layout_value_item` / `parallel_out_layout_value_item` (one layout per input
-//! or output, read and written by [`layout_value`]); their stage is 0 unless the op also has a
-//! `parallel_strategy_item` entry, which must then agree with the layouts' split factors.
+//! or output, read and written by [`layout_value`]). Layout items name no stage (nor does
+//! `current_stage`, a save counter): an op's stage is its `parallel_strategy_item` entry's
+//! (which must agree with the layouts' split factors), else its out_strategy entry's, else 0 —
+//! and an op whose stage the file does not give is refused in a file whose other entries name
+//! stages above 0. The writer gives a layout-form op a `parallel_strategy_item` entry too when
+//! the file has stages.
 //! MindSpore's reshape variants (`parallel_newshape_layout_value_item`, …) are refused.
 
 use std::collections::HashMap;
@@ -197,6 +201,10 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
             }
         }
     }
+    // The ops known only from "parallel_layout_value_item", which gives no stage: their stage is
+    // their out_strategy entry's when it names one, else unknown.
+    let mut unstaged: Vec<bool> = vec![false; items.len()];
+    unstaged.resize(records.len(), true);
     let no_in = |name: &str| {
         let name = brief_name(name);
         format!("op {name:?} has an out_strategy but no in_strategy in \"parallel_strategy_item\" or \"parallel_layout_value_item\"")
@@ -206,8 +214,14 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         let r = &mut records[i];
         let (stage, tuples) = entry(name, "out_strategy", out)?;
         // An op runs in one pipeline stage: an out_strategy placing it in another was dropped
-        // unread. (An op known only from "parallel_layout_value_item" has no stage to compare.)
-        if i < items.len() && out.get("stage").is_some() && stage != r.stage {
+        // unread. An op known only from "parallel_layout_value_item" takes the stage its
+        // out_strategy entry names.
+        if unstaged[i] {
+            if out.get("stage").is_some() {
+                r.stage = stage;
+                unstaged[i] = false;
+            }
+        } else if out.get("stage").is_some() && stage != r.stage {
             let name = brief_name(name);
             return Err(format!(
                 "op {name:?}: its out_strategy is in pipeline stage {stage} but its in_strategy in stage {}; an op runs in one stage",
@@ -227,10 +241,38 @@ fn parse(json: &Json) -> std::result::Result<Vec<OpStrategyRecord>, String> {
         r.outputs = Some(layouts.iter().map(Layout::split_factors).collect());
         r.out_layouts = Some(layouts);
     }
+    check_layout_only_stages(&records, &unstaged)?;
     for r in &records {
         r.check_sizes()?;
     }
     Ok(records)
+}
+
+/// Refuses an op whose stage the file does not give (`unstaged`: known only from
+/// `"parallel_layout_value_item"`) when other entries name stages above 0: MindSpore's
+/// layout items carry no stage, and `current_stage` is a save counter, not a pipeline stage,
+/// so the op's stage cannot be told (placing it on stage 0 would move it silently).
+fn check_layout_only_stages(
+    records: &[OpStrategyRecord],
+    unstaged: &[bool],
+) -> std::result::Result<(), String> {
+    let Some(staged) = records
+        .iter()
+        .zip(unstaged)
+        .find(|(r, &u)| !u && r.stage > 0)
+        .map(|(r, _)| r)
+    else {
+        return Ok(());
+    };
+    match records.iter().zip(unstaged).find(|(_, &u)| u) {
+        Some((r, _)) => Err(format!(
+            "op {:?} is only in \"parallel_layout_value_item\", which gives no pipeline stage, but the file's entries name stages above 0 (op {:?} is in stage {}); give it a \"parallel_strategy_item\" entry with its \"stage\" (its layouts' split factors)",
+            brief_name(&r.name),
+            brief_name(&staged.name),
+            staged.stage
+        )),
+        None => Ok(()),
+    }
 }
 
 /// One `{"stage": s, "parallel_strategy": [[…], …]}` entry, op `name`'s `what`
@@ -299,11 +341,16 @@ fn to_json(records: &[OpStrategyRecord]) -> Json {
         ("parallel_layout_value_item", Vec::new()),
         ("parallel_out_layout_value_item", Vec::new()),
     ];
+    // Layout items carry no stage: in a file with stages, a layout-form op also gets its
+    // split-tuple entry, which names its stage.
+    let staged = records.iter().any(|r| r.stage > 0);
     for r in records {
         let name = r.name.clone();
-        match &r.in_layouts {
-            Some(layouts) => sections[2].1.push((name.clone(), layouts_json(layouts))),
-            None => sections[0].1.push((name.clone(), item(r.stage, &r.inputs))),
+        if let Some(layouts) = &r.in_layouts {
+            sections[2].1.push((name.clone(), layouts_json(layouts)));
+        }
+        if r.in_layouts.is_none() || staged {
+            sections[0].1.push((name.clone(), item(r.stage, &r.inputs)));
         }
         match (&r.out_layouts, &r.outputs) {
             (Some(layouts), _) => sections[3].1.push((name, layouts_json(layouts))),
