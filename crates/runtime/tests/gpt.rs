@@ -16,6 +16,12 @@ fn config(out: &Path, optimizer: &str, model_extra: &str, parallel: &str) -> Tra
     config_with(out, optimizer, model_extra, parallel, &[])
 }
 
+/// The small GPT with momentum in semi-auto mode on `devices` devices under the `[parallel]`
+/// keys `keys` (`run_util::semi`), writing into `out`.
+fn semi_config(out: &Path, devices: usize, keys: &str) -> TrainConfig {
+    config(out, "momentum", "", &run_util::semi(devices, keys))
+}
+
 /// [`config`] with command-line style `overrides` (`train.deterministic=true`).
 fn config_with(
     out: &Path,
@@ -258,12 +264,7 @@ fn pipeline_stages_train_like_one_device() {
     ];
     for (i, (name, devices, parallel)) in cases.iter().enumerate() {
         let out = tmp.path().join(format!("pipe-{i}"));
-        let run = train(&config(
-            &out,
-            "momentum",
-            "",
-            &run_util::semi(*devices, parallel),
-        ));
+        let run = train(&semi_config(&out, *devices, parallel));
         assert_same_run(name, &run, &reference);
         // One MindSpore strategy file per stage, which merge into the run's merged file.
         let stages = out.join(runtime::STAGE_STRATEGY_DIR);
@@ -291,12 +292,7 @@ fn pipeline_stages_train_like_one_device() {
         let parallel = format!(
             "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"interleaved_1f1b\"\nvirtual_stages = 2"
         );
-        let run = train(&config(
-            &out,
-            "momentum",
-            "",
-            &run_util::semi(stages, &parallel),
-        ));
+        let run = train(&semi_config(&out, stages, &parallel));
         assert_same_run(
             &format!("interleaved 1F1B, {stages} stages × 2 chunks, {micro} micro-batches"),
             &run,
@@ -313,12 +309,7 @@ fn pipeline_stages_train_like_one_device() {
                 let parallel = format!(
                     "[parallel.pipeline]\nstages = {stages}\nmicro_batches = {micro}\nscheduler = \"{scheduler}\""
                 );
-                let run = train(&config(
-                    &out,
-                    "momentum",
-                    "",
-                    &run_util::semi(stages, &parallel),
-                ));
+                let run = train(&semi_config(&out, stages, &parallel));
                 assert_same_run(
                     &format!("{scheduler}, {stages} stages, {micro} micro-batches"),
                     &run,
@@ -596,19 +587,13 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
         ("model_parallel = 16", 16, "model.heads"),
     ];
     for (keys, devices, needle) in bad {
-        let config = config(tmp.path(), "momentum", "", &run_util::semi(devices, keys));
+        let config = semi_config(tmp.path(), devices, keys);
         let err = Session::new(&config).unwrap_err().to_string();
         assert!(err.contains(needle), "{keys}: {err}");
     }
     // Without model parallelism the rest is data parallel: every device takes batch rows.
     let keys = "data_parallel = 2\nmodel_parallel = 1";
-    let session = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(8, keys),
-    ))
-    .unwrap();
+    let session = Session::new(&semi_config(tmp.path(), 8, keys)).unwrap();
     let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()
@@ -621,13 +606,7 @@ fn gpt_strategy_keys_are_checked_against_the_devices_and_model() {
 fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\nuse_seq_parallel = true";
-    let session = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(4, keys),
-    ))
-    .unwrap();
+    let session = Session::new(&semi_config(tmp.path(), 4, keys)).unwrap();
     let plan = session.train.explain();
     // The row-parallel outputs are reduce-scattered onto the sequence split, and the column-
     // parallel inputs all-gathered from it: no activation is all-reduced.
@@ -641,13 +620,7 @@ fn sequence_parallel_joins_regions_by_all_gather_and_reduce_scatter() {
     }
     // Without sequence parallelism the same sums are all-reduces.
     let keys = "data_parallel = 2\nmodel_parallel = 2";
-    let session = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(4, keys),
-    ))
-    .unwrap();
+    let session = Session::new(&semi_config(tmp.path(), 4, keys)).unwrap();
     let plan = session.train.explain();
     assert!(
         plan.contains("reshard blocks.0.attn.proj.matmul: all-reduce"),
@@ -693,13 +666,7 @@ fn data_parallel_mode_moves_no_activation() {
 fn glob_and_cell_keys_override_the_cells_strategies() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc1\" = [[4, 1, 1], [1, 1]]\n\"blocks.1.attn.qkv.bias_add\" = [[4, 1, 1], [1]]";
-    let session = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(4, keys),
-    ))
-    .unwrap();
+    let session = Session::new(&semi_config(tmp.path(), 4, keys)).unwrap();
     let strategies: std::collections::BTreeMap<String, Vec<Vec<usize>>> = session
         .op_strategies()
         .into_iter()
@@ -722,13 +689,7 @@ fn glob_and_cell_keys_override_the_cells_strategies() {
     );
     // A key that matches no op is an error naming it.
     let keys = "model_parallel = 2\n[parallel.shard]\n\"blocks.*.mlp.fc9\" = [[2, 1, 1], [1, 1]]";
-    let err = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(2, keys),
-    ))
-    .unwrap_err();
+    let err = Session::new(&semi_config(tmp.path(), 2, keys)).unwrap_err();
     assert!(err.to_string().contains("blocks.*.mlp.fc9"), "{err}");
 }
 
@@ -838,13 +799,7 @@ fn a_tied_tables_gradient_is_summed_once() {
 fn vocabulary_parallel_never_moves_the_logits() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = "data_parallel = 2\nmodel_parallel = 2\nvocab_emb_dp = false";
-    let session = Session::new(&config(
-        tmp.path(),
-        "momentum",
-        "",
-        &run_util::semi(4, keys),
-    ))
-    .unwrap();
+    let session = Session::new(&semi_config(tmp.path(), 4, keys)).unwrap();
     // A rank's block of the [B·S, V] f32 logits: nothing that large crosses the network.
     let logits_block = 8 * 16 * 256 * 4 / 4;
     for step in &session.train.steps {

@@ -162,22 +162,37 @@ fn configured_strategies_are_only_costed_under_the_configured_mode() {
     );
 }
 
+/// A loaded entry of split tuples only (no layouts): op `name` on `stage`.
+fn tuples_op(
+    name: String,
+    stage: usize,
+    inputs: Vec<Vec<usize>>,
+    outputs: Option<Vec<Vec<usize>>>,
+) -> LoadedOp {
+    LoadedOp {
+        name,
+        stage,
+        inputs,
+        outputs,
+        layouts: LoadedLayouts {
+            inputs: None,
+            outputs: None,
+        },
+    }
+}
+
 #[test]
 fn a_loaded_strategy_for_an_op_the_model_lacks_names_the_file_and_the_op() {
     let model = Mlp::new(8);
     let parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
     let loaded = LoadedStrategies {
         file: PathBuf::from("ops.json"),
-        ops: vec![LoadedOp {
-            name: "no_such_op".to_string(),
-            stage: 0,
-            inputs: vec![vec![4, 1]],
-            outputs: None,
-            layouts: LoadedLayouts {
-                inputs: None,
-                outputs: None,
-            },
-        }],
+        ops: vec![tuples_op(
+            "no_such_op".to_string(),
+            0,
+            vec![vec![4, 1]],
+            None,
+        )],
     };
     let err = plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect_err("refused");
     match &err {
@@ -263,16 +278,7 @@ fn saved_file(report: &PlanReport) -> LoadedStrategies {
     let ops = report
         .strategies
         .iter()
-        .map(|(name, inputs)| LoadedOp {
-            name: name.clone(),
-            stage: report.stage_of(name),
-            inputs: inputs.clone(),
-            outputs: None,
-            layouts: LoadedLayouts {
-                inputs: None,
-                outputs: None,
-            },
-        })
+        .map(|(name, inputs)| tuples_op(name.clone(), report.stage_of(name), inputs.clone(), None))
         .collect();
     LoadedStrategies {
         file: PathBuf::from("saved.json"),
@@ -771,16 +777,12 @@ fn loaded_out_strategy_tuples_are_kept_and_applied() {
     let parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
     let loaded = LoadedStrategies {
         file: PathBuf::from("ops.json"),
-        ops: vec![LoadedOp {
-            name: "matmul1".to_string(),
-            stage: 0,
-            inputs: vec![vec![2, 2], vec![2, 1]],
-            outputs: Some(vec![vec![4, 1]]),
-            layouts: LoadedLayouts {
-                inputs: None,
-                outputs: None,
-            },
-        }],
+        ops: vec![tuples_op(
+            "matmul1".to_string(),
+            0,
+            vec![vec![2, 2], vec![2, 1]],
+            Some(vec![vec![4, 1]]),
+        )],
     };
     let report =
         plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect("the file loads");
