@@ -1,0 +1,83 @@
+//! Whether the GPT's products run slower in a training step because their operands come from
+//! main memory: each product on the routed backend ([`GemmBackend::for_shape`]) from four
+//! starting points, after a 96 MiB flush — everything cold (main memory); the output `C` just
+//! written (so in L3, or L2 as far as it fits); the operands `A` and `B` just read; all three
+//! just touched. f32, one thread, timed by the thread's CPU clock, the four forms rotated
+//! within each round. Prints each form's GFLOP/s at its median and the warm forms' per-round
+//! speed against the cold one's (above 1: warmth helps; p10–p90).
+//!
+//! Run: `cargo bench -p tessera-tensor --bench operand_warmth [-- ROUNDS]` (default 20 rounds).
+
+mod common;
+
+use common::{shape, speed_cells, spread, values};
+use tensor::kernels::{gemm, GemmShape};
+
+/// The products, named (the forward `X·Wᵀ`, `dX = dY·W` and `dW = dYᵀ·X` of the GPT bench
+/// model's widest layers over a step's 2,048 tokens).
+const PRODUCTS: [(&str, GemmShape); 6] = [
+    ("qkv forward X·Wᵀ", shape(2048, 768, 256, false, true)),
+    ("fc1 forward X·Wᵀ", shape(2048, 1024, 256, false, true)),
+    ("fc2 dX dY·W", shape(2048, 1024, 256, false, false)),
+    ("qkv dX dY·W", shape(2048, 256, 768, false, false)),
+    ("qkv dW dYᵀ·X", shape(768, 256, 2048, true, false)),
+    ("fc2 dW dYᵀ·X", shape(256, 1024, 2048, true, false)),
+];
+
+/// What each form touches after the flush: (`C`, `A` and `B`).
+const FORMS: [(&str, bool, bool); 4] = [
+    ("all cold", false, false),
+    ("C warm", true, false),
+    ("A, B warm", false, true),
+    ("all warm", true, true),
+];
+
+fn main() {
+    let rounds = common::rounds_arg(20);
+    let mut flush = vec![0u8; 96 << 20];
+    let names: Vec<&str> = FORMS.iter().map(|f| f.0).collect();
+    println!(
+        "| product, f32, 1 thread | m×n×k | {} GFLOP/s | {} ÷ cold |",
+        names.join(" GFLOP/s | "),
+        names[1..].join(" ÷ cold | ")
+    );
+    println!("|---|---|{}", "---:|".repeat(2 * FORMS.len() - 1));
+    for (name, s) in PRODUCTS {
+        let (a, b) = (values(s.m * s.k, 1), values(s.k * s.n, 2));
+        let mut c = vec![0f32; s.m * s.n];
+        let forms: Vec<usize> = (0..FORMS.len()).collect();
+        // Timed calls so far: `rotated_rounds` runs round `r`'s forms from form `r` on.
+        let mut done = 0;
+        let times = common::rotated_rounds(rounds, &forms, &mut flush, |form| match form {
+            // The set-up call: warm what the form about to be timed starts from.
+            None => {
+                let n = FORMS.len();
+                let (_, warm_c, warm_ab) = FORMS[(done % n + done / n) % n];
+                if warm_c {
+                    c.iter_mut().for_each(|x| *x += 1.0);
+                    std::hint::black_box(&mut c);
+                }
+                if warm_ab {
+                    std::hint::black_box(a.iter().sum::<f32>() + b.iter().sum::<f32>());
+                }
+            }
+            Some(_) => {
+                gemm(s, 1.0, &a, &b, 0.0, &mut c).expect("valid shape");
+                done += 1;
+            }
+        });
+        let flops = s.flops() as f64;
+        let rates: Vec<String> = times
+            .iter()
+            .map(|t| format!("{:.1}", flops / spread(t.clone()).1 / 1e9))
+            .collect();
+        println!(
+            "| {name} | {}×{}×{} | {} |{}",
+            s.m,
+            s.n,
+            s.k,
+            rates.join(" | "),
+            speed_cells(&times)
+        );
+    }
+}
