@@ -247,18 +247,31 @@ pub(crate) fn reduce_sources<T: Reducible>(
     let Some((first, rest)) = sources.split_first() else {
         return;
     };
-    for (a, &x) in acc.iter_mut().zip(first.iter()) {
-        *a = x.load();
-    }
-    // One loop per operator so each inner loop is a plain, vectorisable map.
+    // One loop per operator so each inner loop is a plain, vectorisable map. The first two
+    // sources are combined in one pass (the same first operation of the fold, without a pass
+    // that only loads the first source into `acc`).
     macro_rules! fold {
-        ($f:path) => {
+        ($f:path) => {{
+            let rest = match rest.split_first() {
+                Some((second, rest)) => {
+                    for ((a, &x), &y) in acc.iter_mut().zip(first.iter()).zip(second.iter()) {
+                        *a = $f(x.load(), y.load());
+                    }
+                    rest
+                }
+                None => {
+                    for (a, &x) in acc.iter_mut().zip(first.iter()) {
+                        *a = x.load();
+                    }
+                    rest
+                }
+            };
             for src in rest {
                 for (a, &x) in acc.iter_mut().zip(src.iter()) {
                     *a = $f(*a, x.load());
                 }
             }
-        };
+        }};
     }
     match op {
         ReduceOp::Sum | ReduceOp::Mean => fold!(T::sum),
@@ -357,6 +370,24 @@ mod tests {
         let mut out = [f16::ZERO; 2];
         store_acc::<f16>(&acch, &mut out);
         assert_eq!(out, [f16::from_f32(4.5), f16::from_f32(6.0)]);
+    }
+
+    /// One source is copied; three and four are folded left to right, `((s0 ⊕ s1) ⊕ s2) ⊕ s3`,
+    /// on values where another association rounds differently.
+    #[test]
+    fn kernels_fold_left_to_right_whatever_the_source_count() {
+        let (big, one) = (1.0e8f32, 1.0f32);
+        let (s0, s1, s2, s3) = ([big, -big], [-big, big], [one, 3.0], [one, -2.0]);
+        let mut acc = [f32::NAN; 2];
+        reduce_sources::<f32>(&[&s2], &mut acc, ReduceOp::Sum, 1);
+        assert_eq!(acc, s2);
+        reduce_sources::<f32>(&[&s0, &s1, &s2], &mut acc, ReduceOp::Sum, 3);
+        assert_eq!(acc, [1.0, 3.0], "(big - big) + 1, not big + (-big + 1)");
+        reduce_sources::<f32>(&[&s2, &s0, &s1, &s3], &mut acc, ReduceOp::Sum, 4);
+        // ((1 + big) - big) + 1: 1 + 1e8 rounds to 1e8.
+        assert_eq!(acc, [1.0, -2.0]);
+        reduce_sources::<f32>(&[&s3, &s2, &s0], &mut acc, ReduceOp::Min, 3);
+        assert_eq!(acc, [1.0, -big]);
     }
 
     /// `combine_bytes` over typed slices.

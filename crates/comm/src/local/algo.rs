@@ -25,10 +25,14 @@ use crate::buf::{Buf, BufMut};
 use crate::error::CommError;
 use crate::op::{reduce_sources, store_acc, with_reducible, ReduceOp, Reducible};
 
-/// Elements are reduced in blocks of this many bytes per source: with up to 8 sources plus the
-/// accumulator the working set stays within L2 (2 MiB per core on the benchmark machine), so
-/// the sum is written out to the `n` buffers from cache. A rationale, not a tuned optimum.
-const BLOCK_BYTES: usize = 32 << 10;
+/// Elements are reduced in blocks of this many bytes per source: the accumulator and the block
+/// of the source being folded in stay in L1, and the sum is written out to the `n` buffers from
+/// there. Measured (`tessera bench collectives --backend local`, the ordinary all-reduce's time
+/// over the deterministic one's, whose tree works in blocks of 2,048 elements) on an Ice Lake
+/// Xeon with a 48 KiB L1: blocks of 32 KiB ran the ordinary all-reduce 1.26–1.54× slower than
+/// the deterministic one from 64 KiB to 4 MiB on 2 ranks (1.19–1.49× on 4), blocks of 8 KiB
+/// 0.99–1.04× (1.00–1.20×); see `docs/PERFORMANCE.md`.
+const BLOCK_BYTES: usize = 8 << 10;
 
 /// The element range rank `rank` of `n` reduces in an all-reduce of `n_elems` elements. Chunk
 /// boundaries fall on cache lines so no two ranks write the same line.
