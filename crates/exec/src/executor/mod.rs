@@ -59,8 +59,8 @@ pub struct RankExecutor {
     /// input's tensor in a non-pipelined run ([`parallel::memory::moved_buffers`]).
     moved: Vec<Option<(usize, usize)>>,
     /// By step: for a product whose output the next step, a `BiasAdd` computed over it in
-    /// place (a `moved` step), reads and lets die, that step: in a non-pipelined run of the
-    /// ordinary mode the product adds the bias as its epilogue
+    /// place (a `moved` step), reads and lets die, that step: in a non-pipelined run (ordinary
+    /// or deterministic mode) the product adds the bias as its epilogue
     /// ([`graph::eval_product_with_bias`]) and the `BiasAdd` only takes the buffer over.
     bias_epilogue: Vec<Option<usize>>,
     /// By step: whether it runs fused in a bucket rather than alone.

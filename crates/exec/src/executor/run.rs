@@ -117,9 +117,8 @@ impl RankExecutor {
             } else if let Some(moved) = self.moved[i].filter(|_| self.offsets[i].is_some()) {
                 self.run_moved(&program, i, moved, bias_added == Some(i))?;
             } else if !self.fused[i] {
-                let epilogue = self.bias_epilogue[i].filter(|&j| {
-                    self.deterministic.is_none() && self.offsets[j].is_some() && !self.fused[j]
-                });
+                let epilogue =
+                    self.bias_epilogue[i].filter(|&j| self.offsets[j].is_some() && !self.fused[j]);
                 self.run_step(&program, i, None, epilogue)?;
                 bias_added = epilogue;
             }

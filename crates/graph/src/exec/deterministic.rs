@@ -35,39 +35,9 @@ pub(super) fn eval_deterministic<T: Float + Element>(
 ) -> Option<Result<(), GraphError>> {
     let kernel = || GraphError::kernel(ctx.node);
     let result = match op {
-        Op::MatMul {
-            transpose_a,
-            transpose_b,
-        } => (|| {
-            let ProductDims { a, b, m, k, n, kg } =
-                product_dims(inputs, ctx, 2, (*transpose_a, *transpose_b))?;
-            let shape = GemmShape {
-                m,
-                n,
-                k,
-                trans_a: *transpose_a,
-                trans_b: *transpose_b,
-            };
-            det::det_gemm(
-                shape,
-                read::<T>(a, ctx)?,
-                read::<T>(b, ctx)?,
-                write(&mut outputs[0], ctx)?,
-                block_len(kg, max_blocks),
-            )
-            .map_err(kernel())
-        })(),
-        Op::BatchMatMul {
-            transpose_a,
-            transpose_b,
-        } => batch_matmul::<T>(
-            inputs,
-            &mut outputs[0],
-            ctx,
-            max_blocks,
-            *transpose_a,
-            *transpose_b,
-        ),
+        Op::MatMul { .. } | Op::BatchMatMul { .. } => {
+            return product_with_bias::<T>(op, inputs, None, &mut outputs[0], ctx, max_blocks)
+        }
         Op::BatchMatMulSum {
             transpose_a,
             transpose_b,
@@ -207,10 +177,65 @@ fn product_dims<'t>(
     Ok(ProductDims { a, b, m, k, n, kg })
 }
 
+/// `MatMul` or `BatchMatMul` in canonical order, with `bias` (a 1-D tensor as long as the
+/// output's last dim) added to every row of the output when given: the bits of the product
+/// followed by a separate `BiasAdd` ([`det::det_gemm_bias`] adds it to each tile as it is
+/// stored). `None` for every other op.
+pub(super) fn product_with_bias<T: Float + Element>(
+    op: &Op,
+    inputs: &[&Tensor],
+    bias: Option<&Tensor>,
+    output: &mut Tensor,
+    ctx: &EvalCtx<'_>,
+    max_blocks: usize,
+) -> Option<Result<(), GraphError>> {
+    let result = match op {
+        Op::MatMul {
+            transpose_a,
+            transpose_b,
+        } => (|| {
+            let ProductDims { a, b, m, k, n, kg } =
+                product_dims(inputs, ctx, 2, (*transpose_a, *transpose_b))?;
+            let shape = GemmShape {
+                m,
+                n,
+                k,
+                trans_a: *transpose_a,
+                trans_b: *transpose_b,
+            };
+            let bias = bias.map(|t| read::<T>(t, ctx)).transpose()?;
+            det::det_gemm_bias(
+                shape,
+                read::<T>(a, ctx)?,
+                read::<T>(b, ctx)?,
+                bias,
+                write(output, ctx)?,
+                block_len(kg, max_blocks),
+            )
+            .map_err(GraphError::kernel(ctx.node))
+        })(),
+        Op::BatchMatMul {
+            transpose_a,
+            transpose_b,
+        } => batch_matmul::<T>(
+            inputs,
+            bias,
+            output,
+            ctx,
+            max_blocks,
+            *transpose_a,
+            *transpose_b,
+        ),
+        _ => return None,
+    };
+    Some(result)
+}
+
 /// A batched product: every batch element through the canonical-order gemm. Batch dims
 /// broadcast as NumPy's do (a missing or size-1 dim repeats).
 fn batch_matmul<T: Float + Element>(
     inputs: &[&Tensor],
+    bias: Option<&Tensor>,
     out: &mut Tensor,
     ctx: &EvalCtx<'_>,
     max_blocks: usize,
@@ -242,6 +267,7 @@ fn batch_matmul<T: Float + Element>(
     let (a_batch, b_batch) = (&a.shape()[..ra - 2], &b.shape()[..rb - 2]);
     let xa = read::<T>(a, ctx)?;
     let xb = read::<T>(b, ctx)?;
+    let bias = bias.map(|t| read::<T>(t, ctx)).transpose()?;
     let (sa, sb) = (m * k, k * n);
     let bl = block_len(kg, max_blocks);
     let shape = GemmShape {
@@ -260,14 +286,15 @@ fn batch_matmul<T: Float + Element>(
             m: n_batch * m,
             ..shape
         };
-        return det::det_gemm(tall, xa, xb, c, bl).map_err(GraphError::kernel(ctx.node));
+        return det::det_gemm_bias(tall, xa, xb, bias, c, bl).map_err(GraphError::kernel(ctx.node));
     }
     for i in 0..n_batch {
         let (ia, ib) = (index_of(a_batch, i), index_of(b_batch, i));
-        det::det_gemm(
+        det::det_gemm_bias(
             shape,
             &xa[ia * sa..(ia + 1) * sa],
             &xb[ib * sb..(ib + 1) * sb],
+            bias,
             &mut c[i * m * n..(i + 1) * m * n],
             bl,
         )

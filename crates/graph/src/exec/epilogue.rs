@@ -1,5 +1,6 @@
 //! A product and the bias add over its output as one kernel ([`eval_product_with_bias`]): the
-//! executor's fused epilogue for a `MatMul`/`BatchMatMul` whose output only a `BiasAdd` reads.
+//! executor's fused epilogue for a `MatMul`/`BatchMatMul` whose output only a `BiasAdd` reads,
+//! in the ordinary mode and in deterministic mode's canonical order alike.
 
 use tensor::kernels::{self, Float, GemmShape};
 use tensor::{DType, Element, Tensor};
@@ -11,11 +12,12 @@ use crate::op::Op;
 
 /// `output` ← `op` (a `MatMul` or `BatchMatMul`) of `inputs`, then `bias` added to every row:
 /// the bits of [`eval_op`] of the product followed by `BiasAdd` (in place,
-/// [`super::eval_in_place`], or not: the same bits). In the ordinary mode, for `f32` and `f64`
-/// and a 1-D bias as long as the output's last dim, the bias goes to the product's kernel
-/// ([`kernels::batch_matmul_bias_into`], [`kernels::gemm_bias`]), which adds it to each tile
-/// as it is stored where its route allows; otherwise the two ops run one after the other, with
-/// their own checks and errors.
+/// [`super::eval_in_place`], or not: the same bits). For `f32` and `f64` and a 1-D bias as long
+/// as the output's last dim, the bias goes to the product's kernel, which adds it to each tile
+/// as it is stored where its route allows: [`kernels::batch_matmul_bias_into`] and
+/// [`kernels::gemm_bias`] in the ordinary mode, the canonical-order product
+/// ([`kernels::det::det_gemm_bias`]) in deterministic mode; otherwise the two ops run one after
+/// the other, with their own checks and errors.
 pub fn eval_product_with_bias(
     op: &Op,
     inputs: &[&Tensor],
@@ -40,7 +42,6 @@ pub fn eval_product_with_bias(
         _ => t.ndim() >= 2,
     };
     let fits = inputs.len() == 2
-        && ctx.deterministic.is_none()
         && bias.dtype() == output.dtype()
         && inputs
             .iter()
@@ -78,6 +79,17 @@ fn fused<T: Float + Element>(
     output: &mut Tensor,
     ctx: &EvalCtx<'_>,
 ) -> Result<(), GraphError> {
+    if let Some(max_blocks) = ctx.deterministic {
+        return super::deterministic::product_with_bias::<T>(
+            op,
+            inputs,
+            Some(bias),
+            output,
+            ctx,
+            max_blocks,
+        )
+        .expect("a MatMul or BatchMatMul");
+    }
     let (a, b) = (inputs[0], inputs[1]);
     let out_shape = output.shape().to_vec();
     let bias = read::<T>(bias, ctx)?;
@@ -120,13 +132,27 @@ mod tests {
             .to_dtype(dtype)
     }
 
-    /// Fused or not (half dtypes, deterministic mode), the product with its bias has the bits
-    /// of the product then the bias add, for `MatMul` and `BatchMatMul` with either transpose.
+    /// Fused or not (half dtypes), in the ordinary and the deterministic mode, the product with
+    /// its bias has the bits of the product then the bias add, for `MatMul` and `BatchMatMul`
+    /// with either transpose; in deterministic mode also over 16 canonical blocks of a
+    /// reduction long enough to take several passes (the bias after the passes' sums join).
     #[test]
     fn the_product_with_its_bias_is_the_two_ops() {
-        let (m, n, k) = (300, 70, 65);
+        let cases: [(_, &[Option<usize>]); 2] = [
+            ((300, 70, 65), &[None, Some(4)]),
+            ((30, 70, 2048), &[Some(16)]),
+        ];
+        for ((m, n, k), modes) in cases {
+            the_product_with_its_bias_is_the_two_ops_for((m, n, k), modes);
+        }
+    }
+
+    fn the_product_with_its_bias_is_the_two_ops_for(
+        (m, n, k): (usize, usize, usize),
+        modes: &[Option<usize>],
+    ) {
         for dtype in [DType::F32, DType::F64, DType::BF16] {
-            for deterministic in [None, Some(4)] {
+            for &deterministic in modes {
                 let ctx = EvalCtx {
                     node: "product",
                     step: 0,

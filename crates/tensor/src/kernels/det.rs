@@ -19,7 +19,7 @@ mod gemm_avx2;
 mod gemm_avx512;
 
 pub(crate) use self::gemm::chain_gemm;
-pub use self::gemm::det_gemm;
+pub use self::gemm::{det_gemm, det_gemm_bias};
 
 use super::float::Float;
 use super::tree::split_point;

@@ -99,33 +99,58 @@ pub fn det_gemm<T: Float>(
     c: &mut [T],
     block_len: usize,
 ) -> Result<(), TensorError> {
+    det_gemm_bias(shape, a, b, None, c, block_len)
+}
+
+/// [`det_gemm`] followed by `bias[j]` (`n` elements) added to every row's column `j`: the bits
+/// of the canonical product and then a separate bias add (`fl(c + b)`). In one pass over the
+/// reduction (the GPT's products) each register tile takes its bias as it is stored, while it is
+/// in L1; a product of several passes adds it to the joined sums.
+pub fn det_gemm_bias<T: Float>(
+    shape: GemmShape,
+    a: &[T],
+    b: &[T],
+    bias: Option<&[T]>,
+    c: &mut [T],
+    block_len: usize,
+) -> Result<(), TensorError> {
     const OP: &str = "det_gemm";
     let GemmShape { m, n, k, .. } = shape;
     crate::kernels::check::buffer_len(OP, "a", m * k, a.len())?;
     crate::kernels::check::buffer_len(OP, "b", k * n, b.len())?;
     crate::kernels::check::buffer_len(OP, "c", m * n, c.len())?;
+    if let Some(bias) = bias {
+        crate::kernels::check::buffer_len(OP, "bias", n, bias.len())?;
+    }
     if m == 0 || n == 0 {
         return Ok(());
     }
+    let add_bias_to_rows = |c: &mut [T]| {
+        if let Some(bias) = bias {
+            c.chunks_exact_mut(n).for_each(|row| add_bias(row, bias));
+        }
+    };
     if k == 0 {
         c.fill(T::ZERO);
+        add_bias_to_rows(c);
         return Ok(());
     }
     let nb = local_blocks(OP, k, block_len)?;
     let blocking = Blocking::here();
+    let per_pass = blocking.blocks_per_pass(nb, block_len);
+    let n_passes = nb / per_pass;
     let passes = Passes {
         shape,
         a,
         b,
         block_len,
-        per_pass: blocking.blocks_per_pass(nb, block_len),
+        per_pass,
         blocking,
-        bias: None,
+        // Several passes' sums are joined after the last one stores: the bias comes after.
+        bias: bias.filter(|_| n_passes == 1),
         chain: false,
         rows: 0..m,
     };
-    let per_pass = passes.per_pass;
-    let n_passes = nb / per_pass;
     if n_passes == 1 {
         passes.run(0, c);
         return Ok(());
@@ -153,6 +178,7 @@ pub fn det_gemm<T: Float>(
         });
     }
     debug_assert!(matches!(tree.finish(), Some(None)), "the root is `c`");
+    add_bias_to_rows(c);
     Ok(())
 }
 
