@@ -626,7 +626,8 @@ fn merge_stages_cleans_up_after_a_killed_run_and_never_races_over_a_file() {
 /// MindSpore wrote) resumes as its `.safetensors` original does: resume looked for
 /// `rank_0/checkpoint_0.safetensors` only ("holds no checkpoint"), and read the saved step from
 /// it. On the same layout the resumed run ends bitwise where the uninterrupted one does, and on
-/// another device count where the resume from the original set ends.
+/// another device count where the resume from the original set ends; neither names its
+/// strategy file (`--dst-strategy` wrote it into the set).
 #[test]
 fn a_set_converted_to_ckpt_format_resumes_as_the_original() {
     let scratch = Scratch::new("resume-ckpt-format");
@@ -641,17 +642,10 @@ fn a_set_converted_to_ckpt_format_resumes_as_the_original() {
         Some("ckpt"),
     );
     assert!(conv.join("rank_7/checkpoint_7.ckpt").is_file());
+    // No `output.resume_strategy`: the converted set carries the layout it was written for.
+    assert!(conv.join("strategy.json").is_file());
     let resume = |from: &Path, out: &Path, devices: usize| {
-        let mut cmd = train_cmd(out, devices);
-        cmd.arg("--set")
-            .arg(format!("output.resume_from=\"{}\"", from.display()))
-            .arg("--set")
-            .arg(format!(
-                "output.resume_strategy=\"{}\"",
-                half.join("strategy.json").display()
-            ));
-        let out = cmd.output().unwrap();
-        assert_ok(&out);
+        assert_ok(&resume_without_strategy(from, out, devices));
     };
     let same = dir.join("same");
     resume(&conv, &same, 8);
