@@ -1,10 +1,11 @@
 //! Whether the GPT's products run slower in a training step because their operands come from
-//! main memory: each product on the routed backend ([`GemmBackend::for_shape`]) from four
+//! main memory: each product on the routed backend ([`GemmBackend::for_shape`]) from five
 //! starting points, after a 96 MiB flush — everything cold (main memory); the output `C` just
 //! written (so in L3, or L2 as far as it fits); the operands `A` and `B` just read; all three
-//! just touched. f32, one thread, timed by the thread's CPU clock, the four forms rotated
-//! within each round. Prints each form's GFLOP/s at its median and the warm forms' per-round
-//! speed against the cold one's (above 1: warmth helps; p10–p90).
+//! just touched; the same product just run (as the utilisation line's peak runs it, back to
+//! back). f32, one thread, timed by the thread's CPU clock, the forms rotated within each
+//! round. Prints each form's GFLOP/s at its median and the warm forms' per-round speed against
+//! the cold one's (above 1: warmth helps; p10–p90).
 //!
 //! Run: `cargo bench -p tessera-tensor --bench operand_warmth [-- ROUNDS]` (default 20 rounds).
 
@@ -24,12 +25,13 @@ const PRODUCTS: [(&str, GemmShape); 6] = [
     ("fc2 dW dYᵀ·X", shape(256, 1024, 2048, true, false)),
 ];
 
-/// What each form touches after the flush: (`C`, `A` and `B`).
-const FORMS: [(&str, bool, bool); 4] = [
-    ("all cold", false, false),
-    ("C warm", true, false),
-    ("A, B warm", false, true),
-    ("all warm", true, true),
+/// What each form touches after the flush: (`C`, `A` and `B`, the product itself).
+const FORMS: [(&str, bool, bool, bool); 5] = [
+    ("all cold", false, false, false),
+    ("C warm", true, false, false),
+    ("A, B warm", false, true, false),
+    ("all warm", true, true, false),
+    ("run just before", false, false, true),
 ];
 
 fn main() {
@@ -52,13 +54,16 @@ fn main() {
             // The set-up call: warm what the form about to be timed starts from.
             None => {
                 let n = FORMS.len();
-                let (_, warm_c, warm_ab) = FORMS[(done % n + done / n) % n];
+                let (_, warm_c, warm_ab, again) = FORMS[(done % n + done / n) % n];
                 if warm_c {
                     c.iter_mut().for_each(|x| *x += 1.0);
                     std::hint::black_box(&mut c);
                 }
                 if warm_ab {
                     std::hint::black_box(a.iter().sum::<f32>() + b.iter().sum::<f32>());
+                }
+                if again {
+                    gemm(s, 1.0, &a, &b, 0.0, &mut c).expect("valid shape");
                 }
             }
             Some(_) => {

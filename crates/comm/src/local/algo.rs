@@ -31,7 +31,7 @@ use crate::op::{reduce_sources, store_acc, with_reducible, ReduceOp, Reducible};
 /// over the deterministic one's, whose tree works in blocks of 2,048 elements) on an Ice Lake
 /// Xeon with a 48 KiB L1: blocks of 32 KiB ran the ordinary all-reduce 1.26–1.54× slower than
 /// the deterministic one from 64 KiB to 4 MiB on 2 ranks (1.19–1.49× on 4), blocks of 8 KiB
-/// 0.99–1.04× (1.00–1.20×); see `docs/PERFORMANCE.md`.
+/// 0.99–1.11× (1.00–1.20×); see `docs/PERFORMANCE.md`.
 const BLOCK_BYTES: usize = 8 << 10;
 
 /// The element range rank `rank` of `n` reduces in an all-reduce of `n_elems` elements. Chunk
