@@ -14,8 +14,8 @@ mod common;
 
 use std::ffi::CString;
 
-use common::{shape, spread, values};
-use tensor::kernels::{gemm, GemmShape};
+use common::{spread, values};
+use tensor::kernels::gemm;
 
 /// `cblas_sgemm(layout, trans_a, trans_b, m, n, k, α, a, lda, b, ldb, β, c, ldc)`.
 type Sgemm = unsafe extern "C" fn(
@@ -43,22 +43,6 @@ const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 /// `MKL_Set_Threading_Layer`'s sequential layer.
 const MKL_THREADING_SEQUENTIAL: i32 = 1;
-
-/// The products, named (`Dense` keeps `[out, in]`: forward `X·Wᵀ`, `dX = dY·W`, `dW = dYᵀ·X`).
-const PRODUCTS: [(&str, GemmShape); 12] = [
-    ("qkv forward X·Wᵀ", shape(2048, 768, 256, false, true)),
-    ("fc1 forward X·Wᵀ", shape(2048, 1024, 256, false, true)),
-    ("fc2 forward X·Wᵀ", shape(2048, 256, 1024, false, true)),
-    ("proj forward X·Wᵀ", shape(2048, 256, 256, false, true)),
-    ("qkv dX dY·W", shape(2048, 256, 768, false, false)),
-    ("fc1 dX dY·W", shape(2048, 256, 1024, false, false)),
-    ("fc2 dX dY·W", shape(2048, 1024, 256, false, false)),
-    ("proj dX dY·W", shape(2048, 256, 256, false, false)),
-    ("qkv dW dYᵀ·X", shape(768, 256, 2048, true, false)),
-    ("fc1 dW dYᵀ·X", shape(1024, 256, 2048, true, false)),
-    ("fc2 dW dYᵀ·X", shape(256, 1024, 2048, true, false)),
-    ("proj dW dYᵀ·X", shape(256, 256, 2048, true, false)),
-];
 
 /// MKL's `cblas_sgemm` from the library at `path`, its threading layer set to sequential.
 fn load_mkl(path: &str) -> Result<Sgemm, String> {
@@ -98,7 +82,7 @@ fn main() {
     println!("| product, f32, 1 thread | m×n×k | engine GFLOP/s | MKL GFLOP/s | MKL ÷ engine |");
     println!("|---|---|---:|---:|---:|");
     let mut sums = [0f64; 2];
-    for (name, s) in PRODUCTS {
+    for (name, s) in common::GPT_PRODUCTS {
         let (a, b) = (values(s.m * s.k, 1), values(s.k * s.n, 2));
         let mut c = vec![0f32; s.m * s.n];
         let (trans_a, lda) = if s.trans_a {

@@ -17,20 +17,8 @@ mod common;
 use common::{shape, speed_cells, spread, values};
 use tensor::kernels::{gemm_with, GemmBackend, GemmShape};
 
-/// The products, named.
-const PRODUCTS: [(&str, GemmShape); 25] = [
-    ("qkv forward X·Wᵀ", shape(2048, 768, 256, false, true)),
-    ("fc1 forward X·Wᵀ", shape(2048, 1024, 256, false, true)),
-    ("fc2 forward X·Wᵀ", shape(2048, 256, 1024, false, true)),
-    ("proj forward X·Wᵀ", shape(2048, 256, 256, false, true)),
-    ("qkv dX dY·W", shape(2048, 256, 768, false, false)),
-    ("fc1 dX dY·W", shape(2048, 256, 1024, false, false)),
-    ("fc2 dX dY·W", shape(2048, 1024, 256, false, false)),
-    ("proj dX dY·W", shape(2048, 256, 256, false, false)),
-    ("qkv dW dYᵀ·X", shape(768, 256, 2048, true, false)),
-    ("fc1 dW dYᵀ·X", shape(1024, 256, 2048, true, false)),
-    ("fc2 dW dYᵀ·X", shape(256, 1024, 2048, true, false)),
-    ("proj dW dYᵀ·X", shape(256, 256, 2048, true, false)),
+/// The products beyond [`common::GPT_PRODUCTS`], named.
+const MORE_PRODUCTS: [(&str, GemmShape); 13] = [
     ("dp2 qkv forward", shape(1024, 768, 256, false, true)),
     ("dp2 fc2 forward", shape(1024, 256, 1024, false, true)),
     ("dp2 qkv dX", shape(1024, 256, 768, false, false)),
@@ -60,7 +48,7 @@ fn main() {
     let mut flush = vec![0u8; 64 << 20];
     println!("| product, f32, 1 thread | m×n×k | gemm GFLOP/s | gemm_colmajor GFLOP/s | tiles GFLOP/s | colmajor ÷ gemm | tiles ÷ gemm | routed to |");
     println!("|---|---|---:|---:|---:|---:|---:|---|");
-    for (name, s) in PRODUCTS {
+    for &(name, s) in common::GPT_PRODUCTS.iter().chain(&MORE_PRODUCTS) {
         let (a, b) = (values(s.m * s.k, 1), values(s.k * s.n, 2));
         let mut c = vec![0f32; s.m * s.n];
         let forms: Vec<usize> = (0..BACKENDS.len()).collect();

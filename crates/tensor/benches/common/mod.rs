@@ -14,6 +14,24 @@ pub const fn shape(m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool) -
     }
 }
 
+/// The GPT benchmark model's twelve products over a step's 2,048 tokens, named (`Dense` keeps
+/// `[out, in]`: forward `X·Wᵀ`, `dX = dY·W`, `dW = dYᵀ·X`).
+#[allow(dead_code)] // not every benchmark that includes this module times the GPT's products
+pub const GPT_PRODUCTS: [(&str, GemmShape); 12] = [
+    ("qkv forward X·Wᵀ", shape(2048, 768, 256, false, true)),
+    ("fc1 forward X·Wᵀ", shape(2048, 1024, 256, false, true)),
+    ("fc2 forward X·Wᵀ", shape(2048, 256, 1024, false, true)),
+    ("proj forward X·Wᵀ", shape(2048, 256, 256, false, true)),
+    ("qkv dX dY·W", shape(2048, 256, 768, false, false)),
+    ("fc1 dX dY·W", shape(2048, 256, 1024, false, false)),
+    ("fc2 dX dY·W", shape(2048, 1024, 256, false, false)),
+    ("proj dX dY·W", shape(2048, 256, 256, false, false)),
+    ("qkv dW dYᵀ·X", shape(768, 256, 2048, true, false)),
+    ("fc1 dW dYᵀ·X", shape(1024, 256, 2048, true, false)),
+    ("fc2 dW dYᵀ·X", shape(256, 1024, 2048, true, false)),
+    ("proj dW dYᵀ·X", shape(256, 256, 2048, true, false)),
+];
+
 /// Deterministic values in [-1, 1).
 #[allow(dead_code)] // not every benchmark that includes this module draws its values here
 pub fn values(n: usize, seed: u64) -> Vec<f32> {
