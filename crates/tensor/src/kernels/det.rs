@@ -82,6 +82,11 @@ impl<V> TreeStack<V> {
 
     /// The root (the block count was a power of two, so one subtree remains).
     fn finish(mut self) -> Option<V> {
+        self.take_root()
+    }
+
+    /// [`finish`](TreeStack::finish), leaving the stack empty for the next tree.
+    fn take_root(&mut self) -> Option<V> {
         debug_assert!(self.items.len() <= 1);
         self.items.pop().map(|(_, v)| v)
     }
@@ -177,9 +182,45 @@ pub fn det_sum_axes<T: Float>(
     if perm.iter().enumerate().all(|(i, &p)| i == p) {
         return det_sum_rows(x, rows, cols, block_len, out);
     }
+    if kept.iter().enumerate().all(|(i, &d)| i == d) {
+        // The summed axes trail: each output's terms lie contiguous, in canonical order.
+        return det_sum_segments(x, (cols, rows), block_len, out);
+    }
     let mut moved = vec![T::ZERO; x.len()];
     super::permute::permute_into(x, shape, &perm, &mut moved)?;
     det_sum_rows(&moved, rows, cols, block_len, out)
+}
+
+/// `out[c] = Σ_j x[c·len + j]` for each of the `segments` runs of `len` elements, in canonical
+/// blocks of `block_len`: the bits of [`det_sum_rows`] over the transposed `[len, segments]`
+/// matrix (each block added in order from zero, the blocks joined in the canonical tree),
+/// without transposing it (a loss's sum over the vocabulary of every row's logits).
+fn det_sum_segments<T: Float>(
+    x: &[T],
+    (segments, len): (usize, usize),
+    block_len: usize,
+    out: &mut [T],
+) -> Result<(), TensorError> {
+    const OP: &str = "det_sum_axes";
+    super::check::buffer_len(OP, "x", segments * len, x.len())?;
+    super::check::buffer_len(OP, "out", segments, out.len())?;
+    if len == 0 {
+        out.fill(T::ZERO);
+        return Ok(());
+    }
+    local_blocks(OP, len, block_len)?;
+    let mut stack: TreeStack<T> = TreeStack::new();
+    for (o, segment) in out.iter_mut().zip(x.chunks_exact(len)) {
+        for block in segment.chunks_exact(block_len) {
+            let mut acc = T::ZERO;
+            for &v in block {
+                acc += v;
+            }
+            stack.push(acc, |l, r| l + r);
+        }
+        *o = stack.take_root().expect("at least one block");
+    }
+    Ok(())
 }
 
 /// The gradient of an embedding lookup in canonical order: `table_grad` (the rows of `block`,
@@ -570,6 +611,29 @@ mod tests {
                 |b: usize| (b * bl..(b + 1) * bl).fold(0.0f32, |acc, r| acc + x[r * cols + c]);
             let want = tree_reduce(rows / bl, &mut |b| block(b), &mut |l, r| l + r);
             assert_eq!(got[c].to_bits(), want.to_bits(), "column {c}");
+        }
+    }
+
+    /// Summed axes that trail (a loss's sum over the vocabulary) are summed in place with the
+    /// bits of the same sum over the transposed tensor, for one, several and the most blocks.
+    #[test]
+    fn trailing_axes_sum_in_place_as_transposed() {
+        let shape = [3, 5, 64];
+        let x = values(shape.iter().product(), 13);
+        for (axes, kept) in [(&[2usize][..], &[0usize, 1][..]), (&[1, 2], &[0])] {
+            let len: usize = axes.iter().map(|&d| shape[d]).product();
+            let segments = x.len() / len;
+            let perm: Vec<usize> = axes.iter().chain(kept).copied().collect();
+            let mut moved = vec![0.0f32; x.len()];
+            crate::kernels::permute::permute_into(&x, &shape, &perm, &mut moved).unwrap();
+            for bl in [len, len / 4, if len % 5 == 0 { 5 } else { 1 }] {
+                let mut want = vec![0.0f32; segments];
+                det_sum_rows(&moved, len, segments, bl, &mut want).unwrap();
+                let mut got = vec![f32::NAN; segments];
+                det_sum_axes(&x, &shape, axes, bl, &mut got).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "axes {axes:?}, blocks of {bl}");
+            }
         }
     }
 }
