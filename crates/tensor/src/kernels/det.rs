@@ -626,7 +626,7 @@ mod tests {
             let perm: Vec<usize> = axes.iter().chain(kept).copied().collect();
             let mut moved = vec![0.0f32; x.len()];
             crate::kernels::permute::permute_into(&x, &shape, &perm, &mut moved).unwrap();
-            for bl in [len, len / 4, if len % 5 == 0 { 5 } else { 1 }] {
+            for bl in [len, len / 4, if len.is_multiple_of(5) { 5 } else { 1 }] {
                 let mut want = vec![0.0f32; segments];
                 det_sum_rows(&moved, len, segments, bl, &mut want).unwrap();
                 let mut got = vec![f32::NAN; segments];
