@@ -613,6 +613,18 @@ fn strategies_saved_with_stages_below_a_layer_load_and_train_as_searched() {
     run_util::assert_same_run("loaded stages below a layer", &loaded_run, &run, 1e-6);
 }
 
+/// Writes a MindSpore operator strategy file (stage 0) giving `op` the split tuples `strategy`
+/// and `out_strategy` (JSON arrays).
+fn write_op_and_out_strategy(path: &std::path::Path, op: &str, strategy: &str, out_strategy: &str) {
+    let item = |s: &str| format!(r#"{{"{op}": {{"stage": 0, "parallel_strategy": {s}}}}}"#);
+    let json = format!(
+        r#"{{"current_stage": 0, "parallel_strategy_item": {}, "parallel_out_strategy_item": {}}}"#,
+        item(strategy),
+        item(out_strategy)
+    );
+    std::fs::write(path, json).unwrap();
+}
+
 /// A MindSpore file's out_strategy given as split tuples (`parallel_out_strategy_item`, no
 /// layouts) is placed with its op: `matmul1`'s partial sums reduce-scattered onto `(4, 1)`
 /// instead of all-reduced, as the same strategy in `[parallel.shard]` and
@@ -623,13 +635,7 @@ fn strategies_saved_with_stages_below_a_layer_load_and_train_as_searched() {
 fn a_loaded_out_strategy_tuple_is_placed_and_saved_back() {
     let tmp = tempfile::tempdir().unwrap();
     let file = tmp.path().join("ms_ops.json");
-    std::fs::write(
-        &file,
-        r#"{"current_stage": 0,
-            "parallel_strategy_item": {"matmul1": {"stage": 0, "parallel_strategy": [[2, 2], [2, 1]]}},
-            "parallel_out_strategy_item": {"matmul1": {"stage": 0, "parallel_strategy": [[4, 1]]}}}"#,
-    )
-    .unwrap();
+    write_op_and_out_strategy(&file, "matmul1", "[[2, 2], [2, 1]]", "[[4, 1]]");
     let configured = run_util::seed_mlp(
         &tmp.path().join("config"),
         "momentum",
@@ -674,13 +680,7 @@ fn a_loaded_out_strategy_tuple_is_placed_and_saved_back() {
 
     // 10 classes cannot be split 4 ways.
     let bad = tmp.path().join("bad_ops.json");
-    std::fs::write(
-        &bad,
-        r#"{"current_stage": 0,
-            "parallel_strategy_item": {"matmul3": {"stage": 0, "parallel_strategy": [[4, 1], [1, 1]]}},
-            "parallel_out_strategy_item": {"matmul3": {"stage": 0, "parallel_strategy": [[1, 4]]}}}"#,
-    )
-    .unwrap();
+    write_op_and_out_strategy(&bad, "matmul3", "[[4, 1], [1, 1]]", "[[1, 4]]");
     let err = match Session::new(&loading("bad", &bad)) {
         Ok(_) => panic!("an out_strategy splitting 10 classes 4 ways was placed"),
         Err(e) => e.to_string(),

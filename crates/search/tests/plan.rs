@@ -181,19 +181,24 @@ fn tuples_op(
     }
 }
 
+/// A loaded operator strategy file `ops.json` holding `op` alone.
+fn ops_file(op: LoadedOp) -> LoadedStrategies {
+    LoadedStrategies {
+        file: PathBuf::from("ops.json"),
+        ops: vec![op],
+    }
+}
+
 #[test]
 fn a_loaded_strategy_for_an_op_the_model_lacks_names_the_file_and_the_op() {
     let model = Mlp::new(8);
     let parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
-    let loaded = LoadedStrategies {
-        file: PathBuf::from("ops.json"),
-        ops: vec![tuples_op(
-            "no_such_op".to_string(),
-            0,
-            vec![vec![4, 1]],
-            None,
-        )],
-    };
+    let loaded = ops_file(tuples_op(
+        "no_such_op".to_string(),
+        0,
+        vec![vec![4, 1]],
+        None,
+    ));
     let err = plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect_err("refused");
     match &err {
         SearchError::Config { key, reason } => {
@@ -775,15 +780,12 @@ fn loaded_out_strategy_tuples_are_kept_and_applied() {
     // Without stages: matmul1's partial sums reduce-scattered onto (4, 1).
     let model = Mlp::new(8);
     let parallel = ParallelConfig::new(ParallelMode::Auto(SearchMode::DynamicProgramming), 4);
-    let loaded = LoadedStrategies {
-        file: PathBuf::from("ops.json"),
-        ops: vec![tuples_op(
-            "matmul1".to_string(),
-            0,
-            vec![vec![2, 2], vec![2, 1]],
-            Some(vec![vec![4, 1]]),
-        )],
-    };
+    let loaded = ops_file(tuples_op(
+        "matmul1".to_string(),
+        0,
+        vec![vec![2, 2], vec![2, 1]],
+        Some(vec![vec![4, 1]]),
+    ));
     let report =
         plan(&request(&model, &parallel, Strategies::Loaded(loaded))).expect("the file loads");
     assert_eq!(
