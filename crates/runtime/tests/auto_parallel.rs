@@ -213,17 +213,7 @@ fn a_mindspore_layout_entry_loads_like_the_configured_layouts() {
     );
     let (want, want_run) = run_util::train_run(&configured, 20);
     let saved = tmp.path().join("saved.json");
-    let loading = run_util::seed_mlp(
-        &tmp.path().join("load"),
-        "momentum",
-        &format!(
-            "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
-             save_operator_strategy_file = \"{}\"",
-            file.display(),
-            saved.display()
-        ),
-        &[],
-    );
+    let loading = searching_seed_mlp(&tmp.path().join("load"), &file, &saved);
     let (got, got_run) = train_searched(&loading);
     let placed = |s: &Session| {
         s.train
@@ -613,6 +603,26 @@ fn strategies_saved_with_stages_below_a_layer_load_and_train_as_searched() {
     run_util::assert_same_run("loaded stages below a layer", &loaded_run, &run, 1e-6);
 }
 
+/// The seed MLP's config in `dir`: 4 devices, the dynamic-programming search, loading operator
+/// strategies from `load` and saving them to `save`.
+fn searching_seed_mlp(
+    dir: &std::path::Path,
+    load: &std::path::Path,
+    save: &std::path::Path,
+) -> TrainConfig {
+    run_util::seed_mlp(
+        dir,
+        "momentum",
+        &format!(
+            "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
+             save_operator_strategy_file = \"{}\"",
+            load.display(),
+            save.display()
+        ),
+        &[],
+    )
+}
+
 /// Writes a MindSpore operator strategy file (stage 0) giving `op` the split tuples `strategy`
 /// and `out_strategy` (JSON arrays).
 fn write_op_and_out_strategy(path: &std::path::Path, op: &str, strategy: &str, out_strategy: &str) {
@@ -645,19 +655,8 @@ fn a_loaded_out_strategy_tuple_is_placed_and_saved_back() {
     );
     let (want, want_run) = run_util::train_run(&configured, 20);
     let saved = tmp.path().join("saved.json");
-    let loading = |dir: &str, file: &std::path::Path| {
-        run_util::seed_mlp(
-            &tmp.path().join(dir),
-            "momentum",
-            &format!(
-                "devices = 4\nmode = \"dynamic_programming\"\nload_operator_strategy_file = \"{}\"\n\
-                 save_operator_strategy_file = \"{}\"",
-                file.display(),
-                saved.display()
-            ),
-            &[],
-        )
-    };
+    let loading =
+        |dir: &str, file: &std::path::Path| searching_seed_mlp(&tmp.path().join(dir), file, &saved);
     let (got, got_run) = train_searched(&loading("load", &file));
     let matmul1 = |s: &Session| {
         let placed = &s.train.placed;
