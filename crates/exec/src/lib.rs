@@ -73,7 +73,7 @@ pub use crate::accumulate::Accumulation;
 pub use crate::broadcast::{parameter_broadcast, stage_first_rank};
 pub use crate::bubble::{calibrated_prediction, measured_bubble, step_bubble};
 pub use crate::error::ExecError;
-pub use crate::executor::{bias_epilogues, OptimizerPiece, RankExecutor};
+pub use crate::executor::{bias_epilogues, bias_grad_fusions, OptimizerPiece, RankExecutor};
 pub use crate::memory::{gather_reports, memory_json, memory_lines};
 pub use crate::optimizer::{
     applies_weight_decay, state_checkpoint_name, trust_ratio, Optimizer, OptimizerConfig,

@@ -2,6 +2,7 @@
 //! ops under random strategies, the optimizers' update rules.
 
 mod accumulation;
+mod bias_grad;
 mod epilogue;
 mod equivalence;
 mod moved_buffers;

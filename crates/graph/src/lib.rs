@@ -87,7 +87,8 @@ pub use crate::builder::GraphBuilder;
 pub use crate::cross_entropy::vocab_parallel_cross_entropy_strategies;
 pub use crate::error::{GraphError, Operand};
 pub use crate::exec::{
-    eval_in_place, eval_op, eval_product_with_bias, EvalCtx, Executor, InputBlock, Placement,
+    eval_in_place, eval_in_place_with_bias_grad, eval_op, eval_product_with_bias,
+    eval_with_bias_grad, EvalCtx, Executor, InputBlock, Placement,
 };
 pub use crate::init::{FanMode, Initializer};
 pub use crate::ir::{GradOf, Graph, Node, NodeId, NodeRole, Use, Value, ValueId, ValueKind};

@@ -18,6 +18,7 @@ use crate::profile::StepProfile;
 use crate::progress::Progress;
 use crate::recycle::Recycler;
 
+mod bias_grad;
 mod pieces;
 mod run;
 
@@ -63,6 +64,11 @@ pub struct RankExecutor {
     /// or deterministic mode) the product adds the bias as its epilogue
     /// ([`graph::eval_product_with_bias`]) and the `BiasAdd` only takes the buffer over.
     bias_epilogue: Vec<Option<usize>>,
+    /// By step: for an activation's gradient (not moved) or an arithmetic op computed in
+    /// place (a `moved` step) whose output the next step, a `BiasAddGrad`, sums over its rows,
+    /// that step: in a non-pipelined run the op sums its rows as it writes them
+    /// ([`graph::eval_with_bias_grad`]) and the `BiasAddGrad` only stores the sums.
+    bias_grad_fusion: Vec<Option<usize>>,
     /// By step: whether it runs fused in a bucket rather than alone.
     fused: Vec<bool>,
     /// By step: the buckets that run after it.
@@ -131,6 +137,54 @@ pub fn bias_epilogues(program: &Program, moved: &[Option<(usize, usize)>]) -> Ve
             && add.inputs[1] != out
             && moved[i + 1] == Some((out, *add.outputs.first()?));
         (is_product && adds_over_it).then_some(i + 1)
+    };
+    (0..program.steps.len()).map(fused_into).collect()
+}
+
+/// [`RankExecutor`]'s `bias_grad_fusion`: by step, the `BiasAddGrad` step that sums the step's
+/// output (and nothing else) into a bias's gradient right after it, or after one `Reshape` that
+/// takes the output over (`moved`), when the step can sum the rows as it writes them: an
+/// activation's gradient (`GeluGrad`, `ReluGrad`, `TanhGrad`, `SigmoidGrad`) or
+/// `PackedAttentionGrad`, not moved, or an arithmetic op computed in place over its dying
+/// input (`moved`). No step of these recomputes; the `BiasAddGrad` is not moved.
+pub fn bias_grad_fusions(
+    program: &Program,
+    moved: &[Option<(usize, usize)>],
+) -> Vec<Option<usize>> {
+    let kernel = |i: usize| match program.steps.get(i) {
+        Some(Step::Kernel(k)) if !k.recompute => Some(k),
+        _ => None,
+    };
+    let fused_into = |i: usize| {
+        let op = kernel(i)?;
+        let &[out] = op.outputs.as_slice() else {
+            return None;
+        };
+        let in_place = matches!(
+            op.op,
+            graph::Op::Add | graph::Op::Sub | graph::Op::Mul | graph::Op::Div
+        ) && moved[i].is_some_and(|(_, to)| to == out);
+        let summing = matches!(
+            op.op,
+            graph::Op::GeluGrad { .. }
+                | graph::Op::ReluGrad
+                | graph::Op::TanhGrad
+                | graph::Op::SigmoidGrad
+                | graph::Op::PackedAttentionGrad { .. }
+        ) && moved[i].is_none();
+        if !(in_place || summing) {
+            return None;
+        }
+        // A reshape that takes the output over changes no element's place.
+        let (mut j, mut summed) = (i + 1, out);
+        if let Some(reshape) = kernel(j).filter(|k| matches!(k.op, graph::Op::Reshape { .. })) {
+            if moved[j] == Some((out, reshape.outputs[0])) {
+                (j, summed) = (j + 1, reshape.outputs[0]);
+            }
+        }
+        let sum = kernel(j)?;
+        (matches!(sum.op, graph::Op::BiasAddGrad) && sum.inputs == [summed] && moved[j].is_none())
+            .then_some(j)
     };
     (0..program.steps.len()).map(fused_into).collect()
 }
@@ -216,6 +270,7 @@ impl RankExecutor {
         let lifetimes = lifetimes(&program);
         let moved = moved_buffers(&program, &lifetimes);
         let bias_epilogue = bias_epilogues(&program, &moved);
+        let bias_grad_fusion = bias_grad_fusions(&program, &moved);
         let mut meter = MemoryMeter::default();
         let lazy = lazy.then(|| LazyParameters {
             pending: (0..program.params.len())
@@ -374,6 +429,7 @@ impl RankExecutor {
             profile: None,
             moved,
             bias_epilogue,
+            bias_grad_fusion,
             lifetimes,
             meter,
             fused,

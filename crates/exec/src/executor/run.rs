@@ -111,8 +111,14 @@ impl RankExecutor {
         }
         // The `BiasAdd` step whose bias the last product added as its epilogue.
         let mut bias_added = None;
+        // The `BiasAddGrad` step whose sums the step before it took, and the sums.
+        let mut bias_grad: Option<(usize, Tensor)> = None;
         for i in 0..program.steps.len() {
-            if self.prefetched[i] {
+            if let Some((_, sums)) = bias_grad.take_if(|(j, _)| *j == i) {
+                self.store_bias_grad(&program, i, sums)?;
+            } else if let Some(j) = self.fused_bias_grad(i) {
+                bias_grad = self.run_summing_rows(&program, i, j)?.map(|sums| (j, sums));
+            } else if self.prefetched[i] {
                 self.finish_gather(&program, i)?;
             } else if let Some(moved) = self.moved[i].filter(|_| self.offsets[i].is_some()) {
                 self.run_moved(&program, i, moved, bias_added == Some(i))?;

@@ -1,7 +1,7 @@
 //! [`crate::Op::FlashAttention`] and its gradient on (local) tensors: the sizes from the shapes,
 //! and the causal mask's global positions from where the blocks lie.
 
-use tensor::kernels::{self, AttentionDims, AttentionParams, Float};
+use tensor::kernels::{self, AttentionDims, AttentionParams, Float, RowSums};
 use tensor::{Element, Tensor};
 
 use crate::error::GraphError;
@@ -140,10 +140,22 @@ pub(crate) fn packed_attention_eval<T: Float + Element>(
 
 /// `PackedAttentionGrad(qkv, out, lse, dout)` → `dqkv`.
 pub(crate) fn packed_attention_grad_eval<T: Float + Element>(
+    causal_scale: (bool, f64),
+    inputs: &[&Tensor],
+    outputs: &mut [Tensor],
+    ctx: &EvalCtx<'_>,
+) -> Result<(), GraphError> {
+    packed_attention_grad_summing::<T>(causal_scale, inputs, outputs, ctx, None)
+}
+
+/// [`packed_attention_grad_eval`], with `sums` (if given) taking `dqkv`'s rows as they are
+/// finished (one thread: [`kernels::packed_attention_grad_summing_rows`]).
+pub(crate) fn packed_attention_grad_summing<T: Float + Element>(
     (causal, scale): (bool, f64),
     inputs: &[&Tensor],
     outputs: &mut [Tensor],
     ctx: &EvalCtx<'_>,
+    sums: Option<&mut RowSums<T>>,
 ) -> Result<(), GraphError> {
     let [qkv, out, lse, dout] = inputs else {
         unreachable!("eval_op checked the input count")
@@ -153,14 +165,22 @@ pub(crate) fn packed_attention_grad_eval<T: Float + Element>(
     };
     let dims = packed_dims(qkv, ctx)?;
     let params = AttentionParams::new(causal, T::from_f64(scale));
-    kernels::packed_attention_grad_into(
+    let (qkv, out, lse, dout) = (
         read::<T>(qkv, ctx)?,
         read::<T>(out, ctx)?,
         read::<T>(lse, ctx)?,
         read::<T>(dout, ctx)?,
-        dims,
-        params,
-        write(dqkv, ctx)?,
-    )
+    );
+    let dqkv = write(dqkv, ctx)?;
+    match sums {
+        None => kernels::packed_attention_grad_into(qkv, out, lse, dout, dims, params, dqkv),
+        Some(sums) => kernels::packed_attention_grad_summing_rows(
+            (qkv, out, lse, dout),
+            dims,
+            params,
+            dqkv,
+            sums,
+        ),
+    }
     .map_err(GraphError::kernel(ctx.node))
 }

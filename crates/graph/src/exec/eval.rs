@@ -201,7 +201,7 @@ fn gelu_form(approximate: bool) -> GeluForm {
 }
 
 /// The unary kernel and its gradient kernel behind a forward or backward elementwise op.
-fn unary_kernel(op: &Op) -> Option<UnaryOp> {
+pub(super) fn unary_kernel(op: &Op) -> Option<UnaryOp> {
     Some(match op {
         Op::Neg => UnaryOp::Neg,
         Op::Exp => UnaryOp::Exp,
@@ -217,7 +217,8 @@ fn unary_kernel(op: &Op) -> Option<UnaryOp> {
     })
 }
 
-fn binary_kernel(op: &Op) -> Option<BinaryOp> {
+/// The binary kernel behind an arithmetic op.
+pub(super) fn binary_kernel(op: &Op) -> Option<BinaryOp> {
     Some(match op {
         Op::Add => BinaryOp::Add,
         Op::Sub => BinaryOp::Sub,

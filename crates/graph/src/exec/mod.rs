@@ -4,6 +4,8 @@
 //!   (local) shapes its tensors have. A per-rank executor reuses it unchanged.
 //! - [`eval_in_place`]: the ops computed over a dying input's buffer.
 //! - [`eval_product_with_bias`]: a product and the bias add over its output as one kernel.
+//! - [`eval_with_bias_grad`], [`eval_in_place_with_bias_grad`]: an elementwise op and the bias
+//!   gradient over its output in one pass.
 //! - [`Executor`]: a graph's schedule with preallocated, liveness-shared buffers.
 //! - [`dropout_mask_keeps`]: the counter-based dropout mask, for anyone who must reproduce it.
 
@@ -31,6 +33,7 @@ macro_rules! with_ids {
 }
 
 mod attention;
+mod bias_grad;
 mod deterministic;
 mod dropout;
 mod epilogue;
@@ -44,6 +47,7 @@ mod pieces;
 mod reduce_max;
 mod select;
 
+pub use self::bias_grad::{eval_in_place_with_bias_grad, eval_with_bias_grad};
 pub use self::dropout::{dropout_key, dropout_mask_keeps};
 pub use self::epilogue::eval_product_with_bias;
 pub use self::eval::{eval_op, EvalCtx, InputBlock, Placement};

@@ -7,6 +7,7 @@ use crate::kernels::broadcast::{
 };
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
+use crate::kernels::row_sums::RowSums;
 use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
@@ -272,6 +273,47 @@ pub fn binary_in_place<T: Float>(
         in_place_part(op, part, &other[start..start + part.len()], acc_is_lhs)
     });
     Ok(())
+}
+
+/// [`binary_in_place`] with `sums` taking every row of the result (rows of
+/// [`RowSums::cols`]) as it is written, while it is in L1: the bits of [`binary_in_place`] and
+/// then the separate sum of the result's rows (a bias's gradient after a residual's sum). One
+/// thread: with more allowed, the caller runs the two apart, each on its threads.
+pub fn binary_in_place_summing_rows<T: Float>(
+    op: BinaryOp,
+    acc: &mut [T],
+    other: &[T],
+    acc_is_lhs: bool,
+    sums: &mut RowSums<T>,
+) -> Result<(), TensorError> {
+    check::buffer_len(op.name(), "other", acc.len(), other.len())?;
+    check::buffer_len(op.name(), "acc", sums.rows() * sums.cols(), acc.len())?;
+    if sums.cols() > 0 {
+        in_place_rows_summing(op, acc, other, acc_is_lhs, sums);
+    }
+    Ok(())
+}
+
+widest! {
+    /// [`binary_in_place_summing_rows`]' loop, on the widest vector unit the CPU has.
+    fn in_place_rows_summing<T>(op: BinaryOp, acc: &mut [T], other: &[T], acc_is_lhs: bool, sums: &mut RowSums<T>) => in_place_rows_summing_loop
+}
+
+/// [`in_place_rows_summing`]'s loop: each row's result, then its sum (lengths checked by the
+/// caller, `cols > 0`).
+#[inline(always)]
+fn in_place_rows_summing_loop<T: Float>(
+    op: BinaryOp,
+    acc: &mut [T],
+    other: &[T],
+    acc_is_lhs: bool,
+    sums: &mut RowSums<T>,
+) {
+    let cols = sums.cols();
+    for (a, o) in acc.chunks_exact_mut(cols).zip(other.chunks_exact(cols)) {
+        in_place_part_loop(op, a, o, acc_is_lhs);
+        sums.add_row(a);
+    }
 }
 
 widest! {

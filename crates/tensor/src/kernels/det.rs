@@ -36,7 +36,11 @@ pub fn canonical_blocks(len: usize, max_blocks: usize) -> usize {
 }
 
 /// Checks that `local` elements of a dim are whole blocks of `block_len`, a power-of-two count.
-fn local_blocks(op: &'static str, local: usize, block_len: usize) -> Result<usize, TensorError> {
+pub(crate) fn local_blocks(
+    op: &'static str,
+    local: usize,
+    block_len: usize,
+) -> Result<usize, TensorError> {
     let bad = |reason: String| TensorError::InvalidArgument { op, reason };
     if block_len == 0 {
         return Err(bad("the canonical block length is 0".to_string()));
@@ -56,18 +60,19 @@ fn local_blocks(op: &'static str, local: usize, block_len: usize) -> Result<usiz
 }
 
 /// A binary-counter stack that joins block results in the canonical tree as they arrive.
-struct TreeStack<V> {
+#[derive(Debug)]
+pub(crate) struct TreeStack<V> {
     /// `(level, value)`: a complete subtree of `2^level` blocks.
     items: Vec<(u32, V)>,
 }
 
 impl<V> TreeStack<V> {
-    fn new() -> TreeStack<V> {
+    pub(crate) fn new() -> TreeStack<V> {
         TreeStack { items: Vec::new() }
     }
 
     /// Pushes the next block's value and joins equal-sized subtrees (left = earlier).
-    fn push(&mut self, mut value: V, mut join: impl FnMut(V, V) -> V) {
+    pub(crate) fn push(&mut self, mut value: V, mut join: impl FnMut(V, V) -> V) {
         let mut level = 0;
         while let Some(&(top, _)) = self.items.last() {
             if top != level {
@@ -86,7 +91,7 @@ impl<V> TreeStack<V> {
     }
 
     /// [`finish`](TreeStack::finish), leaving the stack empty for the next tree.
-    fn take_root(&mut self) -> Option<V> {
+    pub(crate) fn take_root(&mut self) -> Option<V> {
         debug_assert!(self.items.len() <= 1);
         self.items.pop().map(|(_, v)| v)
     }

@@ -52,6 +52,7 @@ pub mod matmul;
 pub mod norm;
 pub mod permute;
 pub mod reduce;
+pub mod row_sums;
 pub mod softmax;
 pub mod threads;
 pub mod tree;
@@ -63,12 +64,13 @@ pub use self::attention::{
     attention_backward_block, attention_backward_block_accumulate, attention_delta_into,
     flash_attention, flash_attention_grad, flash_attention_grad_into, flash_attention_into,
     merge_attention_into, packed_attention, packed_attention_grad, packed_attention_grad_into,
-    packed_attention_into, AttentionDims, AttentionGradBuffers, AttentionGradInputs,
-    AttentionGrads, AttentionParams, AttentionState, BlockGradInputs, PackedDims,
+    packed_attention_grad_summing_rows, packed_attention_into, AttentionDims, AttentionGradBuffers,
+    AttentionGradInputs, AttentionGrads, AttentionParams, AttentionState, BlockGradInputs,
+    PackedDims,
 };
 pub use self::binary::{
     add, bias_add, bias_add_grad, bias_add_in_place, bias_add_into, binary, binary_grad,
-    binary_in_place, binary_into, div, mul, sub, BinaryOp,
+    binary_in_place, binary_in_place_summing_rows, binary_into, div, mul, sub, BinaryOp,
 };
 pub use self::broadcast::{
     broadcast_shape, broadcast_to, broadcast_to_into, sum_to_shape, sum_to_shape_into,
@@ -99,6 +101,7 @@ pub use self::reduce::{
     reduce_axis_grad, reduce_axis_grad_into, reduce_axis_into, sum, sum_all, sum_map_slice,
     sum_slice, Reduction,
 };
+pub use self::row_sums::{RowOrder, RowSums};
 pub use self::softmax::{
     log_softmax, log_softmax_grad, log_softmax_grad_into, log_softmax_into, log_sum_exp,
     scaled_softmax_grad_into, scaled_softmax_into, softmax, softmax_grad, softmax_grad_into,
@@ -106,8 +109,8 @@ pub use self::softmax::{
 };
 pub use self::unary::{
     exp, exp_grad, gelu, gelu_grad, log, log_grad, neg, relu, relu_grad, sigmoid, sigmoid_grad,
-    sqrt, sqrt_grad, tanh, tanh_grad, unary, unary_grad, unary_grad_into, unary_inplace,
-    unary_into, GeluForm, GradInput, UnaryOp,
+    sqrt, sqrt_grad, tanh, tanh_grad, unary, unary_grad, unary_grad_into, unary_grad_summing_rows,
+    unary_inplace, unary_into, GeluForm, GradInput, UnaryOp,
 };
 pub use self::vector::{
     accumulate_scaled, accumulate_scaled_from, accumulate_scaled_mixed,

@@ -10,6 +10,7 @@
 use crate::error::TensorError;
 use crate::kernels::check;
 use crate::kernels::float::{with_float, Float};
+use crate::kernels::row_sums::RowSums;
 use crate::kernels::wide::widest;
 use crate::tensor::Tensor;
 
@@ -269,6 +270,49 @@ pub fn unary_grad_into<T: Float>(
 widest! {
     /// One thread's share of [`unary_grad_into`], on the widest vector unit the CPU has.
     fn backward_chunk<T>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T]) => backward_loop
+}
+
+/// [`unary_grad_into`] with `sums` taking every row of `dx` (rows of [`RowSums::cols`]) as it
+/// is written, while it is in L1: the bits of [`unary_grad_into`] and then the separate sum
+/// of `dx`'s rows (a bias's gradient after an activation's). One thread: with more allowed,
+/// the caller runs the two apart, each on its threads.
+pub fn unary_grad_summing_rows<T: Float>(
+    op: UnaryOp,
+    saved: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    sums: &mut RowSums<T>,
+) -> Result<(), TensorError> {
+    check::buffer_len(op.name(), "dy", saved.len(), dy.len())?;
+    check::buffer_len(op.name(), "dx", saved.len(), dx.len())?;
+    check::buffer_len(op.name(), "dx", sums.rows() * sums.cols(), dx.len())?;
+    if sums.cols() > 0 {
+        backward_rows_summing(op, saved, dy, dx, sums);
+    }
+    Ok(())
+}
+
+widest! {
+    /// [`unary_grad_summing_rows`]' loop, on the widest vector unit the CPU has.
+    fn backward_rows_summing<T>(op: UnaryOp, saved: &[T], dy: &[T], dx: &mut [T], sums: &mut RowSums<T>) => backward_rows_summing_loop
+}
+
+/// [`backward_rows_summing`]'s loop: each row's gradient, then its sum (lengths checked by the
+/// caller, `cols > 0`).
+#[inline(always)]
+fn backward_rows_summing_loop<T: Float>(
+    op: UnaryOp,
+    saved: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    sums: &mut RowSums<T>,
+) {
+    let cols = sums.cols();
+    let rows = saved.chunks_exact(cols).zip(dy.chunks_exact(cols));
+    for ((s, g), d) in rows.zip(dx.chunks_exact_mut(cols)) {
+        backward_loop(op, s, g, d);
+        sums.add_row(d);
+    }
 }
 
 /// The forward loop (lengths checked by the caller).

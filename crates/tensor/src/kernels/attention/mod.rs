@@ -79,7 +79,10 @@ pub use self::backward::{
 };
 pub use self::forward::{flash_attention_into, AttentionState};
 pub use self::merge::merge_attention_into;
-pub use self::packed::{packed_attention_grad_into, packed_attention_into, PackedDims};
+pub use self::packed::{
+    packed_attention_grad_into, packed_attention_grad_summing_rows, packed_attention_into,
+    PackedDims,
+};
 pub use self::tensor_level::{
     flash_attention, flash_attention_grad, packed_attention, packed_attention_grad, AttentionGrads,
 };

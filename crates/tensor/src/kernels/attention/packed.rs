@@ -37,6 +37,7 @@ use super::forward::{accumulate_slice, normalize, ForwardScratch, Running, Slice
 use super::{check_lengths, sizes, slice_flops, AttentionDims, AttentionParams, BlockGradInputs};
 use crate::error::TensorError;
 use crate::kernels::float::Float;
+use crate::kernels::row_sums::RowSums;
 use crate::kernels::threads::{for_each_part, threads_for};
 
 /// The sizes of attention over the packed layout.
@@ -300,10 +301,51 @@ pub fn packed_attention_grad_into<T: Float>(
     let per = batch_per_part(dims.batch, flops);
     let parts: Vec<_> = dqkv.chunks_mut(per * n.qkv_step).collect();
     for_each_part(parts, |i, dqkv| {
-        backward_part(input, dims, &params, i * per, dqkv)
+        backward_part(input, dims, &params, (i * per, dqkv), None)
     })
     .into_iter()
     .collect()
+}
+
+/// [`packed_attention_grad_into`] on one thread with `sums` taking `dqkv`'s rows (each
+/// position's `heads · 3 · head_dim` gradients, [`RowSums::cols`] of them) batch element by
+/// batch element, as each is finished and in L2: the bits of [`packed_attention_grad_into`]
+/// and then the separate sum of the rows (the `qkv` projection's bias gradient).
+pub fn packed_attention_grad_summing_rows<T: Float>(
+    (qkv, out, lse, dout): (&[T], &[T], &[T], &[T]),
+    dims: PackedDims,
+    params: AttentionParams<T>,
+    dqkv: &mut [T],
+    sums: &mut RowSums<T>,
+) -> Result<(), TensorError> {
+    const OP: &str = "packed_attention_grad";
+    let n = packed_sizes(OP, dims, &params)?;
+    check_lengths(
+        OP,
+        &[
+            ("qkv", n.qkv, qkv.len()),
+            ("out", n.out, out.len()),
+            ("lse", n.lse, lse.len()),
+            ("dout", n.out, dout.len()),
+            ("dqkv", n.qkv, dqkv.len()),
+            ("summed rows", sums.rows() * sums.cols(), dqkv.len()),
+            (
+                "summed columns",
+                dims.heads * 3 * dims.head_dim,
+                sums.cols(),
+            ),
+        ],
+    )?;
+    if n.qkv_step == 0 {
+        return Ok(());
+    }
+    let input = PackedGradInputs {
+        qkv,
+        out,
+        lse,
+        dout,
+    };
+    backward_part(input, dims, &params, (0, dqkv), Some(sums))
 }
 
 /// What the packed backward reads, in the packed layout.
@@ -316,13 +358,14 @@ struct PackedGradInputs<'a, T> {
 }
 
 /// The backward of the batch elements from `first` on whose gradient rows `dqkv` holds (one
-/// thread's part); its scratch allocated once.
+/// thread's part); its scratch allocated once. `sums`, if given, takes each batch element's
+/// rows once they are written.
 fn backward_part<T: Float>(
     input: PackedGradInputs<'_, T>,
     dims: PackedDims,
     params: &AttentionParams<T>,
-    first: usize,
-    dqkv: &mut [T],
+    (first, dqkv): (usize, &mut [T]),
+    mut sums: Option<&mut RowSums<T>>,
 ) -> Result<(), TensorError> {
     let PackedDims {
         seq,
@@ -382,6 +425,9 @@ fn backward_part<T: Float>(
                 (&mut scratch, written),
             )?;
         }
+        if let Some(sums) = sums.as_deref_mut() {
+            sums.add_rows(dqkv_b);
+        }
     }
     Ok(())
 }
@@ -430,6 +476,44 @@ mod tests {
     }
 
     /// Small calls stay whole on one part; every part holds at least one batch element.
+    /// The backward summing its rows gives `packed_attention_grad_into`'s bits and then those
+    /// of the separate row sums, in both orders.
+    #[test]
+    fn the_backward_summing_rows_gives_the_two_passes_bits() {
+        use crate::kernels::row_sums::RowOrder;
+        let dims = PackedDims {
+            batch: 4,
+            seq: 8,
+            heads: 2,
+            head_dim: 4,
+        };
+        let cols = dims.heads * 3 * dims.head_dim;
+        let rows = dims.batch * dims.seq;
+        let value = |i: usize, s: usize| ((i * s) % 97) as f32 / 48.0 - 1.0;
+        let qkv: Vec<f32> = (0..rows * cols).map(|i| value(i, 31)).collect();
+        let dout: Vec<f32> = (0..rows * cols / 3).map(|i| value(i, 17)).collect();
+        let params = AttentionParams::new(true, 0.5f32);
+        let (mut out, mut lse) = (vec![0f32; dout.len()], vec![0f32; rows * dims.heads]);
+        packed_attention_into(&qkv, dims, params, &mut out, &mut lse).unwrap();
+        let mut want = vec![0f32; qkv.len()];
+        packed_attention_grad_into(&qkv, &out, &lse, &dout, dims, params, &mut want).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for order in [RowOrder::Sequential, RowOrder::Canonical { block_len: 4 }] {
+            let mut sums = RowSums::new("test", (rows, cols), order).unwrap();
+            let mut got = vec![f32::NAN; qkv.len()];
+            let inputs = (&qkv[..], &out[..], &lse[..], &dout[..]);
+            packed_attention_grad_summing_rows(inputs, dims, params, &mut got, &mut sums).unwrap();
+            assert_eq!(bits(&got), bits(&want), "{order:?}");
+            let mut db = vec![f32::NAN; cols];
+            sums.finish("test", &mut db).unwrap();
+            let mut separate = RowSums::new("test", (rows, cols), order).unwrap();
+            want.chunks_exact(cols).for_each(|r| separate.add_row(r));
+            let mut want_db = vec![0f32; cols];
+            separate.finish("test", &mut want_db).unwrap();
+            assert_eq!(bits(&db), bits(&want_db), "{order:?}");
+        }
+    }
+
     #[test]
     fn small_calls_stay_on_one_part() {
         assert_eq!(batch_per_part(7, 1), 7);
