@@ -139,9 +139,13 @@ fn summing_rows<T: Float + Element>(
     let order = match bias_ctx.deterministic {
         None => RowOrder::Sequential,
         Some(max_blocks) => {
-            // `BiasAddGrad`'s canonical blocks: those of its input's global rows.
+            // `BiasAddGrad`'s canonical blocks: those of its input's global rows (all dims but
+            // the last, which may be split: a model-parallel bias).
             let global_rows = match bias_ctx.input_blocks.first() {
-                Some(b) => b.global_shape.iter().product::<usize>() / cols,
+                Some(b) => match b.global_shape.split_last() {
+                    Some((_, lead)) => lead.iter().product::<usize>(),
+                    None => rows,
+                },
                 None => rows,
             };
             let blocks = det::canonical_blocks(global_rows, max_blocks);
@@ -217,11 +221,18 @@ mod tests {
             offset: vec![4, 0, 0],
             global_shape: vec![8, 16, 24],
         }];
+        // A model-parallel rank's half of the columns (the bias split too): every row here.
+        let columns = [InputBlock {
+            offset: vec![0, 0, 24],
+            global_shape: vec![4, 16, 48],
+        }];
         for (det, blocks) in [
             (None, &[][..]),
             (Some(16), &[][..]),
             (Some(16), &half[..]),
             (Some(4), &half[..]),
+            (Some(16), &columns[..]),
+            (Some(2), &columns[..]),
         ] {
             let (c, bc) = (ctx("gelu.grad", &[], det), ctx("bias.grad", blocks, det));
             let op = Op::GeluGrad { approximate: true };
