@@ -276,30 +276,18 @@ pub fn packed_attention_grad_into<T: Float>(
     params: AttentionParams<T>,
     dqkv: &mut [T],
 ) -> Result<(), TensorError> {
-    const OP: &str = "packed_attention_grad";
-    let n = packed_sizes(OP, dims, &params)?;
-    check_lengths(
-        OP,
-        &[
-            ("qkv", n.qkv, qkv.len()),
-            ("out", n.out, out.len()),
-            ("lse", n.lse, lse.len()),
-            ("dout", n.out, dout.len()),
-            ("dqkv", n.qkv, dqkv.len()),
-        ],
-    )?;
-    if n.qkv_step == 0 {
-        return Ok(()); // `dqkv` is empty
-    }
     let input = PackedGradInputs {
         qkv,
         out,
         lse,
         dout,
     };
+    let Some(qkv_step) = checked_grad(input, dims, &params, dqkv.len())? else {
+        return Ok(()); // `dqkv` is empty
+    };
     let flops = slice_flops(slice_dims(dims, 1), 5).saturating_mul(dims.heads as u64);
     let per = batch_per_part(dims.batch, flops);
-    let parts: Vec<_> = dqkv.chunks_mut(per * n.qkv_step).collect();
+    let parts: Vec<_> = dqkv.chunks_mut(per * qkv_step).collect();
     for_each_part(parts, |i, dqkv| {
         backward_part(input, dims, &params, (i * per, dqkv), None)
     })
@@ -318,34 +306,47 @@ pub fn packed_attention_grad_summing_rows<T: Float>(
     dqkv: &mut [T],
     sums: &mut RowSums<T>,
 ) -> Result<(), TensorError> {
-    const OP: &str = "packed_attention_grad";
-    let n = packed_sizes(OP, dims, &params)?;
-    check_lengths(
-        OP,
-        &[
-            ("qkv", n.qkv, qkv.len()),
-            ("out", n.out, out.len()),
-            ("lse", n.lse, lse.len()),
-            ("dout", n.out, dout.len()),
-            ("dqkv", n.qkv, dqkv.len()),
-            ("summed rows", sums.rows() * sums.cols(), dqkv.len()),
-            (
-                "summed columns",
-                dims.heads * 3 * dims.head_dim,
-                sums.cols(),
-            ),
-        ],
-    )?;
-    if n.qkv_step == 0 {
-        return Ok(());
-    }
     let input = PackedGradInputs {
         qkv,
         out,
         lse,
         dout,
     };
-    backward_part(input, dims, &params, (0, dqkv), Some(sums))
+    let row = dims.heads * 3 * dims.head_dim;
+    check_lengths(
+        "packed_attention_grad",
+        &[
+            ("summed rows", sums.rows() * sums.cols(), dqkv.len()),
+            ("summed columns", row, sums.cols()),
+        ],
+    )?;
+    match checked_grad(input, dims, &params, dqkv.len())? {
+        Some(_) => backward_part(input, dims, &params, (0, dqkv), Some(sums)),
+        None => Ok(()),
+    }
+}
+
+/// The backward's sizes checked against its buffers (`dqkv` of `dqkv_len` elements): `None`
+/// when there is nothing to compute, else the elements of one batch element's `qkv`.
+fn checked_grad<T: Float>(
+    input: PackedGradInputs<'_, T>,
+    dims: PackedDims,
+    params: &AttentionParams<T>,
+    dqkv_len: usize,
+) -> Result<Option<usize>, TensorError> {
+    const OP: &str = "packed_attention_grad";
+    let n = packed_sizes(OP, dims, params)?;
+    check_lengths(
+        OP,
+        &[
+            ("qkv", n.qkv, input.qkv.len()),
+            ("out", n.out, input.out.len()),
+            ("lse", n.lse, input.lse.len()),
+            ("dout", n.out, input.dout.len()),
+            ("dqkv", n.qkv, dqkv_len),
+        ],
+    )?;
+    Ok((n.qkv_step > 0).then_some(n.qkv_step))
 }
 
 /// What the packed backward reads, in the packed layout.
