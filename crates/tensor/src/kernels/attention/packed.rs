@@ -276,12 +276,7 @@ pub fn packed_attention_grad_into<T: Float>(
     params: AttentionParams<T>,
     dqkv: &mut [T],
 ) -> Result<(), TensorError> {
-    let input = PackedGradInputs {
-        qkv,
-        out,
-        lse,
-        dout,
-    };
+    let input = PackedGradInputs::from((qkv, out, lse, dout));
     let Some(qkv_step) = checked_grad(input, dims, &params, dqkv.len())? else {
         return Ok(()); // `dqkv` is empty
     };
@@ -300,18 +295,13 @@ pub fn packed_attention_grad_into<T: Float>(
 /// batch element, as each is finished and in L2: the bits of [`packed_attention_grad_into`]
 /// and then the separate sum of the rows (the `qkv` projection's bias gradient).
 pub fn packed_attention_grad_summing_rows<T: Float>(
-    (qkv, out, lse, dout): (&[T], &[T], &[T], &[T]),
+    inputs: (&[T], &[T], &[T], &[T]),
     dims: PackedDims,
     params: AttentionParams<T>,
     dqkv: &mut [T],
     sums: &mut RowSums<T>,
 ) -> Result<(), TensorError> {
-    let input = PackedGradInputs {
-        qkv,
-        out,
-        lse,
-        dout,
-    };
+    let input = PackedGradInputs::from(inputs);
     let row = dims.heads * 3 * dims.head_dim;
     check_lengths(
         "packed_attention_grad",
@@ -356,6 +346,18 @@ struct PackedGradInputs<'a, T> {
     out: &'a [T],
     lse: &'a [T],
     dout: &'a [T],
+}
+
+impl<'a, T> From<(&'a [T], &'a [T], &'a [T], &'a [T])> for PackedGradInputs<'a, T> {
+    /// `(qkv, out, lse, dout)`, as the entry points take them.
+    fn from((qkv, out, lse, dout): (&'a [T], &'a [T], &'a [T], &'a [T])) -> Self {
+        PackedGradInputs {
+            qkv,
+            out,
+            lse,
+            dout,
+        }
+    }
 }
 
 /// The backward of the batch elements from `first` on whose gradient rows `dqkv` holds (one
