@@ -4,10 +4,11 @@
 //! gradient. Each row of the op's output is added to the bias gradient while it is in L1,
 //! instead of read back from memory by a second pass.
 
-use tensor::kernels::{self, det, Float, RowOrder, RowSums};
+use tensor::kernels::{self, Float, RowOrder, RowSums};
 use tensor::{DType, Element, Tensor};
 
 use super::attention::packed_attention_grad_summing;
+use super::deterministic::block_len;
 use super::eval::{binary_kernel, unary_kernel, EvalCtx};
 use super::operands::{read, write};
 use crate::error::GraphError;
@@ -148,9 +149,8 @@ fn summing_rows<T: Float + Element>(
                 },
                 None => rows,
             };
-            let blocks = det::canonical_blocks(global_rows, max_blocks);
             RowOrder::Canonical {
-                block_len: (global_rows / blocks).max(1),
+                block_len: block_len(global_rows, max_blocks),
             }
         }
     };

@@ -20,7 +20,7 @@ fn global_shape<'a>(ctx: &'a EvalCtx<'_>, i: usize, local: &'a [usize]) -> &'a [
 }
 
 /// The canonical block length of a summed space of `global` elements.
-fn block_len(global: usize, max_blocks: usize) -> usize {
+pub(super) fn block_len(global: usize, max_blocks: usize) -> usize {
     (global / det::canonical_blocks(global, max_blocks)).max(1)
 }
 
